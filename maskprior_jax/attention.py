@@ -1,0 +1,235 @@
+"""Multi-head attention with a learnable additive logit bias (the mask prior).
+
+logits[b, h, q, k] = q.k / sqrt(d_head) + B[h, q, k]
+
+`B` lives in the variable collection named by `MASK_PRIOR` ("mask_prior"), never
+in "params", so an optimizer can treat it on its own (see `maskprior_jax.optim`).
+It is created by a Flax-style initializer `mask_init(key, shape, dtype)`; without
+one the module is plain attention and creates no "mask_prior" collection.
+Parameter names and shapes ("query", "key", "value", "out") match
+`flax.linen.MultiHeadDotProductAttention`, so weights are interchangeable.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MASK_PRIOR = "mask_prior"
+ATTENTION_WEIGHTS = "attention_weights"
+
+Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+MaskKind = Literal["full", "shared", "relative_1d", "relative_2d"]
+
+
+def mask_shape(kind: str, num_heads: int, q_len: int, kv_len: int, *,
+               max_len: int | None = None,
+               grid: tuple[int, int] | None = None) -> tuple[int, ...]:
+  """Shape of the stored bias for each parameterization.
+
+  - "full":        (heads, q_len, kv_len), one logit per head and pair.
+  - "shared":      (q_len, kv_len), the same bias for every head.
+  - "relative_1d": (heads, 2 * max_len - 1), one logit per head and offset
+                   k - q, so one table serves every length up to max_len.
+  - "relative_2d": (heads, (2 * gh - 1) * (2 * gw - 1)), one logit per head and
+                   2-D offset on a (gh, gw) patch grid (Swin-style table).
+  """
+  if kind == "full":
+    return (num_heads, q_len, kv_len)
+  if kind == "shared":
+    return (q_len, kv_len)
+  if kind == "relative_1d":
+    if max_len is None:
+      raise ValueError("mask_kind='relative_1d' needs max_len")
+    return (num_heads, 2 * max_len - 1)
+  if kind == "relative_2d":
+    if grid is None:
+      raise ValueError("mask_kind='relative_2d' needs grid=(height, width)")
+    gh, gw = grid
+    return (num_heads, (2 * gh - 1) * (2 * gw - 1))
+  raise ValueError(f"unknown mask_kind {kind!r}; use full, shared, relative_1d or relative_2d")
+
+
+def relative_1d_index(q_len: int, kv_len: int, max_len: int) -> np.ndarray:
+  """(q_len, kv_len) indices into a (2*max_len-1) offset table: k - q + max_len - 1."""
+  if max(q_len, kv_len) > max_len:
+    raise ValueError(f"sequence length {max(q_len, kv_len)} exceeds the relative mask's max_len={max_len}")
+  return np.arange(kv_len)[None, :] - np.arange(q_len)[:, None] + max_len - 1
+
+
+def relative_2d_index(grid: tuple[int, int]) -> np.ndarray:
+  """(gh*gw, gh*gw) indices into a ((2gh-1)*(2gw-1)) table of 2-D offsets."""
+  gh, gw = grid
+  ys, xs = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+  ys, xs = ys.reshape(-1), xs.reshape(-1)
+  dy = ys[None, :] - ys[:, None] + gh - 1
+  dx = xs[None, :] - xs[:, None] + gw - 1
+  return dy * (2 * gw - 1) + dx
+
+
+def expand_mask(stored: jax.Array, kind: str, num_heads: int, q_len: int, kv_len: int, *,
+                max_len: int | None = None, grid: tuple[int, int] | None = None,
+                num_prefix: int = 0) -> jax.Array:
+  """The stored bias as a dense (heads, q_len, kv_len) (or (1, q, kv) if shared) logit bias.
+
+  For "relative_2d", the first `num_prefix` tokens (e.g. a CLS token) lie outside the grid
+  and get bias 0 to and from every token.
+  """
+  if kind == "full":
+    return stored
+  if kind == "shared":
+    return stored[None]
+  if kind == "relative_1d":
+    return stored[:, relative_1d_index(q_len, kv_len, max_len)]
+  if kind == "relative_2d":
+    n = grid[0] * grid[1]
+    if q_len != kv_len or q_len != n + num_prefix:
+      raise ValueError(f"relative_2d mask expects {n}+{num_prefix} tokens (grid {grid} plus prefix), got {q_len}x{kv_len}")
+    dense = stored[:, relative_2d_index(grid)]
+    if num_prefix:
+      dense = jnp.pad(dense, ((0, 0), (num_prefix, 0), (num_prefix, 0)))
+    return dense
+  raise ValueError(f"unknown mask_kind {kind!r}")
+
+
+def _attention_weights(query, key, bias, mask, dtype):
+  """softmax(q.k/sqrt(d) + bias) with hard mask; (batch, heads, q, kv) in float32."""
+  depth = query.shape[-1]
+  logits = jnp.einsum("...qhd,...khd->...hqk", query, key).astype(jnp.float32)
+  logits = logits / jnp.sqrt(depth).astype(jnp.float32)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+class MaskPriorAttention(nn.Module):
+  """Multi-head dot-product attention with a learnable additive mask prior.
+
+  Attributes:
+    num_heads: number of heads.
+    qkv_features: total width of q, k, v (default: input width); d_head = qkv_features / num_heads.
+    out_features: output width (default: input width).
+    mask_init: initializer `(key, shape, dtype) -> B`; None means vanilla attention.
+    mask_kind: "full", "shared", "relative_1d" or "relative_2d" (see `mask_shape`).
+    max_len: table size for "relative_1d".
+    grid: (height, width) patch grid for "relative_2d".
+    num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
+    implementation: passed to `jax.nn.dot_product_attention` (None: XLA or cuDNN, chosen by JAX).
+    dtype / param_dtype: computation and parameter dtypes, as in Flax.
+  """
+  num_heads: int
+  qkv_features: int | None = None
+  out_features: int | None = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Initializer = nn.initializers.lecun_normal()
+  out_kernel_init: Initializer | None = None
+  bias_init: Initializer = nn.initializers.zeros_init()
+  use_bias: bool = True
+  mask_init: Initializer | None = None
+  mask_kind: str = "full"
+  max_len: int | None = None
+  grid: tuple[int, int] | None = None
+  num_prefix: int = 0
+  implementation: str | None = None
+  sow_weights: bool = False
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None,
+               inputs_v: jax.Array | None = None, *, mask: jax.Array | None = None,
+               bias: jax.Array | None = None) -> jax.Array:
+    """Attend from `inputs_q` (..., q_len, features) to `inputs_k`/`inputs_v` (..., kv_len, features).
+
+    inputs_k defaults to inputs_q and inputs_v to inputs_k (self-attention).
+    mask: boolean, broadcastable to (batch, heads, q_len, kv_len); False excludes a pair
+      whatever the bias says (Flax's convention).
+    bias: an extra additive logit bias broadcastable to (batch, heads, q_len, kv_len), e.g.
+      a mask prior shared across layers.
+    """
+    if inputs_k is None:
+      inputs_k = inputs_q
+    if inputs_v is None:
+      inputs_v = inputs_k
+    features = self.out_features or inputs_q.shape[-1]
+    qkv_features = self.qkv_features or inputs_q.shape[-1]
+    if qkv_features % self.num_heads:
+      raise ValueError(f"qkv_features={qkv_features} is not divisible by num_heads={self.num_heads}")
+    head_dim = qkv_features // self.num_heads
+    dense = functools.partial(nn.DenseGeneral, axis=-1, features=(self.num_heads, head_dim),
+                              dtype=self.dtype, param_dtype=self.param_dtype,
+                              kernel_init=self.kernel_init, bias_init=self.bias_init,
+                              use_bias=self.use_bias)
+    query = dense(name="query")(inputs_q)
+    key = dense(name="key")(inputs_k)
+    value = dense(name="value")(inputs_v)
+    q_len, kv_len = query.shape[-3], key.shape[-3]
+
+    total_bias = bias
+    if self.mask_init is not None:
+      shape = mask_shape(self.mask_kind, self.num_heads, q_len, kv_len,
+                         max_len=self.max_len, grid=self.grid)
+      stored = self.variable(MASK_PRIOR, "bias",
+                             lambda: _checked_init(self.mask_init, self.make_rng("params"),
+                                                   shape, self.param_dtype))
+      if stored.value.shape != shape:
+        raise ValueError(f"mask prior has shape {stored.value.shape}, expected {shape} "
+                         f"for mask_kind={self.mask_kind!r}")
+      prior = expand_mask(stored.value, self.mask_kind, self.num_heads, q_len, kv_len,
+                          max_len=self.max_len, grid=self.grid, num_prefix=self.num_prefix)
+      total_bias = prior if total_bias is None else total_bias + prior
+
+    compute_dtype = self.dtype or query.dtype
+    if self.sow_weights or self.is_mutable_collection("intermediates"):
+      # Explicit path: the attention weights are needed (persistence measurements).
+      weights = _attention_weights(query, key, total_bias, mask, compute_dtype)
+      self.sow("intermediates", ATTENTION_WEIGHTS, weights)
+      out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value)
+    else:
+      out = _fused_attention(query, key, value, total_bias, mask, self.implementation)
+    return nn.DenseGeneral(features=features, axis=(-2, -1),
+                           kernel_init=self.out_kernel_init or self.kernel_init,
+                           bias_init=self.bias_init, use_bias=self.use_bias,
+                           dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out)
+
+
+def _fused_attention(query, key, value, bias, mask, implementation):
+  """`jax.nn.dot_product_attention` over (batch, len, heads, d) with leading dims flattened."""
+  lead = query.shape[:-3]
+  flat = lambda x: x.reshape((-1,) + x.shape[-3:])
+  q, k, v = flat(query), flat(key), flat(value)
+  b = q.shape[0]
+
+  def batch4(x):
+    if x is None:
+      return None
+    x = jnp.asarray(x)
+    while x.ndim < 4:
+      x = x[None]
+    if x.ndim > 4:
+      x = jnp.broadcast_to(x, lead + x.shape[-3:]).reshape((b,) + x.shape[-3:])
+    return x
+
+  bias4 = batch4(bias)
+  if bias4 is not None:
+    bias4 = bias4.astype(q.dtype)
+  mask4 = batch4(mask)
+  if mask4 is not None:
+    mask4 = mask4.astype(bool)
+  out = jax.nn.dot_product_attention(q, k, v, bias=bias4, mask=mask4, implementation=implementation)
+  return out.reshape(lead + out.shape[1:])
+
+
+def _checked_init(init, key, shape, dtype):
+  value = jnp.asarray(init(key, shape, dtype))
+  if value.shape != tuple(shape):
+    raise ValueError(f"mask_init returned shape {value.shape}, expected {tuple(shape)}")
+  if not isinstance(value, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(value))):
+    raise ValueError("mask_init returned non-finite values; the mask prior must be finite "
+                     "(use a hard boolean mask for exclusions)")
+  return value.astype(dtype)

@@ -1,0 +1,188 @@
+"""A small pre-LayerNorm Transformer built on `MaskPriorAttention`.
+
+One module covers the encoder (bidirectional, CLS or mean pooling) and the causal
+decoder (per-token LM head). Inputs are token ids (vocab_size set) or continuous
+vectors (vocab_size None). Positions can enter at the input (added to the token
+embeddings, so they reach the values) or only where queries and keys are formed
+("qk"), or not at all.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskprior_jax.attention import MASK_PRIOR, MaskPriorAttention, _checked_init, mask_shape
+
+Initializer = Callable[..., jax.Array]
+
+
+def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
+  """(length, dim) sinusoidal table of Vaswani et al."""
+  pos = np.arange(length)[:, None]
+  i = np.arange(dim // 2)[None]
+  angle = pos / (10000 ** (2 * i / dim))
+  table = np.zeros((length, dim), np.float32)
+  table[:, 0::2], table[:, 1::2] = np.sin(angle), np.cos(angle)[:, : dim - dim // 2]
+  return table
+
+
+class Block(nn.Module):
+  """Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  mask_init: Initializer | None = None
+  mask_kind: str = "full"
+  mask_max_len: int | None = None
+  mask_grid: tuple[int, int] | None = None
+  num_prefix: int = 0
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x, *, qk_pos=None, mask=None, bias=None):
+    h = nn.LayerNorm(dtype=self.dtype, name="ln_attn")(x)
+    hqk = h if qk_pos is None else h + qk_pos
+    attn = MaskPriorAttention(
+        num_heads=self.num_heads, qkv_features=self.num_heads * self.head_dim,
+        mask_init=self.mask_init, mask_kind=self.mask_kind, max_len=self.mask_max_len,
+        grid=self.mask_grid, num_prefix=self.num_prefix, dtype=self.dtype, name="attn")
+    x = x + attn(hqk, hqk, h, mask=mask, bias=bias)
+    h = nn.LayerNorm(dtype=self.dtype, name="ln_mlp")(x)
+    h = nn.Dense(self.mlp_dim, dtype=self.dtype, name="mlp_in")(h)
+    h = nn.Dense(x.shape[-1], dtype=self.dtype, name="mlp_out")(nn.gelu(h))
+    return x + h
+
+
+class Transformer(nn.Module):
+  """Encoder (causal=False) or decoder (causal=True) Transformer.
+
+  Attributes:
+    vocab_size: token vocabulary; None for continuous inputs of shape (batch, len, in_dim).
+    dim, depth, num_heads, head_dim, mlp_dim: sizes (head_dim defaults to dim // num_heads).
+    max_len: longest input (without CLS), for learned/sinusoidal positions.
+    pos_embedding: "learned", "sinusoidal" or "none".
+    pos_where: "input" (added to token embeddings) or "qk" (added to queries' and keys'
+      inputs in every layer, never to the values).
+    pooling: "cls" (a learned token prepended at position 0), "mean", or "none" (per token).
+    num_outputs: output width; 1 with head="regression" gives a scalar per example.
+    head: "regression", "classification" or "lm" (per-token logits, needs pooling="none").
+    mask_init: one initializer for every layer's mask prior, or a sequence (one per
+      layer, None for a layer without prior); None: vanilla.
+    mask_kind, mask_max_len, mask_grid: see `MaskPriorAttention`.
+    share_mask: one prior shared by all layers (mask_kind "full" or "shared").
+  Token positions inside the model count the CLS token (if any) as position 0.
+  """
+  vocab_size: int | None
+  dim: int = 64
+  depth: int = 2
+  num_heads: int = 4
+  head_dim: int | None = None
+  mlp_dim: int = 256
+  max_len: int = 512
+  causal: bool = False
+  pos_embedding: str = "learned"
+  pos_where: str = "input"
+  pooling: str = "cls"
+  num_outputs: int = 1
+  head: str = "regression"
+  mask_init: Initializer | Sequence[Initializer | None] | None = None
+  mask_kind: str = "full"
+  mask_max_len: int | None = None
+  mask_grid: tuple[int, int] | None = None
+  share_mask: bool = False
+  dtype: Any = None
+
+  def _layer_inits(self):
+    if self.mask_init is None or callable(self.mask_init):
+      return [self.mask_init] * self.depth
+    inits = list(self.mask_init)
+    if len(inits) != self.depth:
+      raise ValueError(f"{len(inits)} mask initializers for depth {self.depth}")
+    return inits
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array, *, padding_mask: jax.Array | None = None) -> jax.Array:
+    """inputs: (batch, len) ids or (batch, len, in_dim); padding_mask: (batch, len) bool."""
+    if self.pos_embedding not in ("learned", "sinusoidal", "none"):
+      raise ValueError(f"pos_embedding must be learned, sinusoidal or none, not {self.pos_embedding!r}")
+    if self.pos_where not in ("input", "qk"):
+      raise ValueError(f"pos_where must be input or qk, not {self.pos_where!r}")
+    if self.pooling not in ("cls", "mean", "none"):
+      raise ValueError(f"pooling must be cls, mean or none, not {self.pooling!r}")
+    if self.vocab_size is not None:
+      x = nn.Embed(self.vocab_size, self.dim, name="embed")(inputs)
+    else:
+      x = nn.Dense(self.dim, name="embed")(inputs)
+    if self.dtype is not None:
+      x = x.astype(self.dtype)
+    batch, length = x.shape[0], x.shape[1]
+    if length > self.max_len:
+      raise ValueError(f"input length {length} exceeds max_len={self.max_len}")
+    prefix = 1 if self.pooling == "cls" else 0
+    if prefix:
+      cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, self.dim))
+      x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, self.dim)).astype(x.dtype), x], axis=1)
+      if padding_mask is not None:
+        padding_mask = jnp.concatenate([jnp.ones((batch, 1), bool), padding_mask], axis=1)
+    seq = length + prefix
+
+    pos = None
+    if self.pos_embedding == "learned":
+      pos = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len + prefix, self.dim))[:seq]
+    elif self.pos_embedding == "sinusoidal":
+      pos = jnp.asarray(sinusoidal_positions(self.max_len + prefix, self.dim))[:seq]
+    qk_pos = None
+    if pos is not None:
+      if self.pos_where == "input":
+        x = x + pos[None].astype(x.dtype)
+      else:
+        qk_pos = pos[None].astype(x.dtype)
+
+    mask = None
+    if self.causal:
+      mask = nn.make_causal_mask(jnp.ones((batch, seq)))
+    if padding_mask is not None:
+      pad = nn.make_attention_mask(padding_mask, padding_mask)
+      mask = pad if mask is None else nn.combine_masks(mask, pad)
+
+    head_dim = self.head_dim or self.dim // self.num_heads
+    shared_bias = None
+    inits = self._layer_inits()
+    if self.share_mask and self.mask_init is not None:
+      if not callable(self.mask_init):
+        raise ValueError("share_mask=True takes one mask_init, not one per layer")
+      if self.mask_kind not in ("full", "shared"):
+        raise ValueError("share_mask=True needs mask_kind 'full' or 'shared'")
+      shape = mask_shape(self.mask_kind, self.num_heads, seq, seq)
+      shared_bias = self.variable(MASK_PRIOR, "shared_bias", lambda: _checked_init(
+          self.mask_init, self.make_rng("params"), shape, jnp.float32)).value
+      if self.mask_kind == "shared":
+        shared_bias = shared_bias[None]
+      inits = [None] * self.depth
+
+    for i, init in enumerate(inits):
+      x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim,
+                mask_init=init, mask_kind=self.mask_kind, mask_max_len=self.mask_max_len,
+                mask_grid=self.mask_grid, num_prefix=prefix, dtype=self.dtype,
+                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask, bias=shared_bias)
+    x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
+
+    if self.head == "lm":
+      if self.pooling != "none":
+        raise ValueError("head='lm' needs pooling='none'")
+    elif self.pooling == "cls":
+      x = x[:, 0]
+    elif self.pooling == "mean":
+      if padding_mask is None:
+        x = x.mean(axis=1)
+      else:
+        w = padding_mask[..., None].astype(x.dtype)
+        x = (x * w).sum(1) / jnp.maximum(w.sum(1), 1)
+    out = nn.Dense(self.num_outputs, dtype=jnp.float32, name="head")(x).astype(jnp.float32)
+    if self.head == "regression" and self.num_outputs == 1:
+      out = out[..., 0]
+    return out

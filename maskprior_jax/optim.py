@@ -1,0 +1,73 @@
+"""Optimizers that know the mask-prior collection.
+
+The trainable tree is `{"params": ..., "mask_prior": ...}` (what `model.init` returns,
+minus non-trainable collections). `with_mask_transform` routes each collection to its
+own optax transformation with `optax.partition`; `mask_prior_optimizer` builds the usual
+case from a few numbers: the mask's own learning rate (multiplier or schedule), no weight
+decay on it unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optax
+
+from maskprior_jax.attention import MASK_PRIOR
+
+Schedule = Callable[[Any], Any]
+
+
+def collection_labels(tree: dict) -> dict:
+  """Label every leaf by its top-level collection: "mask_prior" or "params" (all others)."""
+  import jax
+  return {name: jax.tree.map(lambda _, n=name: MASK_PRIOR if n == MASK_PRIOR else "params", sub)
+          for name, sub in tree.items()}
+
+
+def with_mask_transform(params_tx: optax.GradientTransformation,
+                        mask_tx: optax.GradientTransformation | None) -> optax.GradientTransformation:
+  """One transformation over `{"params", "mask_prior"}`: `params_tx` for the weights,
+  `mask_tx` for the mask prior (None freezes it: zero updates and no optimizer state)."""
+  return optax.partition({"params": params_tx, MASK_PRIOR: mask_tx or optax.set_to_zero()},
+                         collection_labels)
+
+
+def _scaled(lr: float | Schedule, factor: float) -> float | Schedule:
+  if callable(lr):
+    return lambda step: factor * lr(step)
+  return factor * lr
+
+
+def base_optimizer(name: str, learning_rate: float | Schedule, weight_decay: float = 0.0,
+                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+  """"adam", "adamw" (decoupled decay) or "sgd" (decay added to the gradient)."""
+  if name == "adam" and weight_decay:
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate, b1, b2))
+  if name == "adam":
+    return optax.adam(learning_rate, b1, b2)
+  if name == "adamw":
+    return optax.adamw(learning_rate, b1, b2, weight_decay=weight_decay)
+  if name == "sgd":
+    tx = optax.sgd(learning_rate)
+    return optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
+  raise ValueError(f"unknown optimizer {name!r}; use adam, adamw or sgd")
+
+
+def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw",
+                         weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+                         mask_learning_rate: float | Schedule | None = None,
+                         mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
+                         freeze_mask: bool = False,
+                         grad_clip_norm: float | None = None) -> optax.GradientTransformation:
+  """The base optimizer for "params", and for "mask_prior" the same rule with its own
+  learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times the base, schedules
+  included) and its own weight decay (0 by default), or frozen."""
+  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2)
+  mask_tx = None
+  if not freeze_mask:
+    mask_lr = mask_learning_rate if mask_learning_rate is not None else _scaled(learning_rate, mask_lr_multiplier)
+    mask_tx = base_optimizer(name, mask_lr, mask_weight_decay, b1, b2)
+  tx = with_mask_transform(params_tx, mask_tx)
+  if grad_clip_norm:
+    tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
+  return tx

@@ -1,0 +1,147 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import maskprior_jax as mp
+from maskprior_jax import priors, train
+from maskprior_jax.models import Transformer
+
+
+def _model(**kw):
+  return Transformer(vocab_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, max_len=6,
+                     mask_init=priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0]), **kw)
+
+
+def _batch(seed, size=16):
+  rng = np.random.default_rng(seed)
+  x = rng.integers(0, 2, (size, 6)).astype(np.int32)
+  y = (2.0 * x[:, 1] - 1) * (2.0 * x[:, 2] - 1)
+  return {"x": x, "y": y.astype(np.float32)}
+
+
+def _loss_fn(model):
+  def loss_fn(variables, batch, rng):
+    del rng
+    pred = model.apply(variables, batch["x"])
+    return jnp.mean((pred - batch["y"]) ** 2), {}
+  return loss_fn
+
+
+def _state(model, tx, seed=0):
+  variables = model.init(jax.random.key(seed), jnp.zeros((1, 6), jnp.int32))
+  return train.create_state(variables, tx, jax.random.key(seed))
+
+
+def test_frozen_mask_is_bit_identical_and_has_no_state():
+  model = _model()
+  tx = mp.mask_prior_optimizer(1e-2, name="adamw", weight_decay=0.1, freeze_mask=True)
+  state = _state(model, tx)
+  before = jax.device_get(state.variables)
+  assert not jax.tree.leaves(state.opt_state.inner_states[mp.MASK_PRIOR])
+  step = train.make_train_step(_loss_fn(model), tx, donate=False)
+  for i in range(20):
+    state, _ = step(state, _batch(i))
+  after = jax.device_get(state.variables)
+  for a, b in zip(jax.tree.leaves(before[mp.MASK_PRIOR]), jax.tree.leaves(after[mp.MASK_PRIOR])):
+    assert a.tobytes() == b.tobytes()
+  moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(before["params"]),
+                                              jax.tree.leaves(after["params"]))]
+  assert min(moved) > 0
+
+
+def test_mask_learning_rate_multiplier_under_sgd():
+  model = _model()
+  k, lr = 7.0, 0.01
+  tx = mp.mask_prior_optimizer(lr, name="sgd", mask_lr_multiplier=k)
+  state = _state(model, tx)
+  batch = _batch(0)
+  grads = jax.grad(lambda v: _loss_fn(model)(v, batch, None)[0])(state.variables)
+  # Compare updates, not parameter differences: (-8 + u) - (-8) loses u's low bits in float32.
+  updates, _ = tx.update(grads, state.opt_state, state.variables)
+  d_mask, d_par = updates[mp.MASK_PRIOR], updates["params"]
+  for d, g in zip(jax.tree.leaves(d_mask), jax.tree.leaves(grads[mp.MASK_PRIOR])):
+    np.testing.assert_allclose(d, -k * lr * g, rtol=1e-4, atol=1e-8)
+  for d, g in zip(jax.tree.leaves(d_par), jax.tree.leaves(grads["params"])):
+    np.testing.assert_allclose(d, -lr * g, rtol=1e-4, atol=1e-8)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[mp.MASK_PRIOR])) > 0
+
+
+def test_mask_weight_decay_off_unless_asked():
+  model = _model()
+  zero_grads = lambda v: jax.tree.map(jnp.zeros_like, v)
+  for wd, moves in ((0.0, False), (0.5, True)):
+    tx = mp.mask_prior_optimizer(0.1, name="adamw", weight_decay=0.5, mask_weight_decay=wd)
+    state = _state(model, tx)
+    g = zero_grads(state.variables)
+    updates, _ = tx.update(g, state.opt_state, state.variables)
+    mask_moved = max(float(jnp.abs(u).max()) for u in jax.tree.leaves(updates[mp.MASK_PRIOR]))
+    par_moved = max(float(jnp.abs(u).max()) for u in jax.tree.leaves(updates["params"]))
+    assert par_moved > 0 and (mask_moved > 0) == moves
+
+
+def _run_single(model, tx, batches):
+  state = _state(model, tx)
+  step = train.make_train_step(_loss_fn(model), tx, donate=False)
+  for b in batches:
+    state, m = step(state, b)
+  return state, m
+
+
+def test_data_parallel_step_equals_single_device():
+  assert jax.device_count() == 8
+  model = _model()
+  # SGD: Adam's normalisation would blow float-order noise in near-zero gradients up to lr.
+  tx = mp.mask_prior_optimizer(0.1, name="sgd")
+  batches = [_batch(i, 32) for i in range(3)]
+  single, m1 = _run_single(model, tx, batches)
+  mesh = train.data_mesh()
+  state = jax.device_put(_state(model, tx), train.replicated(mesh))
+  step = train.make_train_step(_loss_fn(model), tx, mesh=mesh)
+  for b in batches:
+    b = jax.device_put(b, train.batch_sharding(mesh))
+    state, m8 = step(state, b)
+  assert len(state.variables["params"]["embed"]["embedding"].sharding.device_set) == 8
+  np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_pmap_step_equals_single_device():
+  model = _model()
+  # SGD: Adam's normalisation would blow float-order noise in near-zero gradients up to lr.
+  tx = mp.mask_prior_optimizer(0.1, name="sgd")
+  batches = [_batch(i, 32) for i in range(3)]
+  single, m1 = _run_single(model, tx, batches)
+  n = jax.local_device_count()
+  state = train.replicate_for_pmap(_state(model, tx))
+  step = train.make_pmap_train_step(_loss_fn(model), tx)
+  for b in batches:
+    state, mp_metrics = step(state, jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), b))
+  np.testing.assert_allclose(mp_metrics["loss"][0], m1["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
+    np.testing.assert_allclose(a, b[0], rtol=1e-4, atol=1e-6)
+
+
+def test_seed_vmap_and_scan_equal_sequential_runs():
+  model = _model()
+  tx = mp.mask_prior_optimizer(0.1, name="sgd")
+  seeds = [0, 1, 2]
+  batches = {s: [_batch(100 * s + i) for i in range(4)] for s in seeds}
+  sequential = []
+  for s in seeds:
+    state = _state(model, tx, seed=s)
+    step = train.make_train_step(_loss_fn(model), tx, donate=False)
+    for b in batches[s]:
+      state, _ = step(state, b)
+    sequential.append(state)
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[_state(model, tx, seed=s) for s in seeds])
+  step = train.make_train_step(_loss_fn(model), tx, seed_axis=True, steps_per_call=2)
+  for k in range(2):  # two calls of two scanned steps
+    chunk = [jax.tree.map(lambda *xs: np.stack(xs), *[batches[s][2 * k + j] for s in seeds])
+             for j in range(2)]
+    stacked, metrics = step(stacked, jax.tree.map(lambda *xs: np.stack(xs), *chunk))
+  assert metrics["loss"].shape == (2, 3)
+  for i, seq in enumerate(sequential):
+    for a, b in zip(jax.tree.leaves(seq.variables), jax.tree.leaves(stacked.variables)):
+      np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-6)
