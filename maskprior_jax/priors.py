@@ -45,15 +45,16 @@ def from_matrix(matrix) -> callable:
 
 def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: int | None = None,
                  inside: float = 0.0, outside: float = -8.0,
-                 readers: Sequence[int] = (), self_attend: bool = True) -> np.ndarray:
+                 readers: Sequence[int] = (), self_attend: bool = True,
+                 member_rows: bool = True) -> np.ndarray:
   """Logit bias from groups of interacting positions.
 
-  Position q attends with logit `inside` to every position of a group that contains q;
-  `readers` (e.g. a CLS position) attend inside every group they are given; every other
-  pair gets `outside`. With `num_heads`, head h gets group h mod len(groups)... precisely:
-  the groups are dealt to heads round-robin (head h holds groups h, h+H, ...), and a head
-  with no group gets the union of all (so no head is left structureless). Without
-  `num_heads`, all groups share one (seq_len, seq_len) pattern.
+  A position attends with logit `inside` to every position of a group that contains it
+  (`member_rows`), `readers` (e.g. a CLS position) to every position of their head's groups,
+  every position to itself (`self_attend`); every other pair gets `outside`. With
+  `num_heads`, the groups are dealt to heads round-robin (head h holds groups h, h+H, ...)
+  and a head left without a group gets the union of all. Without `num_heads`, all groups
+  share one pattern.
 
   Returns (num_heads, seq_len, seq_len) or (seq_len, seq_len).
   """
@@ -71,7 +72,8 @@ def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: in
     inside_mask = np.zeros((seq_len, seq_len), bool)
     for g in gs:
       idx = np.asarray(g)
-      inside_mask[np.ix_(idx, idx)] = True
+      if member_rows:
+        inside_mask[np.ix_(idx, idx)] = True
       for r in readers:
         inside_mask[r, idx] = True
     if self_attend:
@@ -89,7 +91,8 @@ def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: in
 
 def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
                        outside: float = -8.0, per_head: bool = True,
-                       readers: Sequence[int] = (), self_attend: bool = True):
+                       readers: Sequence[int] = (), self_attend: bool = True,
+                       member_rows: bool = True):
   """Initializer for a "full" or "shared" mask from groups of interacting positions.
 
   per_head=True: one head per group (round-robin when groups outnumber heads); else every
@@ -107,7 +110,8 @@ def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
     if q_len != kv_len:
       raise ValueError(f"interaction_groups: self-attention only, got q_len={q_len}, kv_len={kv_len}")
     m = group_matrix(groups, q_len, num_heads=heads if per_head else None, inside=inside,
-                     outside=outside, readers=readers, self_attend=self_attend)
+                     outside=outside, readers=readers, self_attend=self_attend,
+                     member_rows=member_rows)
     return _finish(m, shape, dtype, "interaction_groups")
   return init
 

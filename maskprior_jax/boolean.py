@@ -1,0 +1,402 @@
+"""Boolean "generalization on the unseen" (GOTU) tasks and their analysis.
+
+A task is a target f over x in {-1,+1}^n, a seen-domain condition, and the interaction
+structure of f (the variable sets of its monomials). Targets and conditions are parsed
+from text by a small recursive-descent parser (no eval):
+
+  target:  sums of products with real coefficients and sign(...), e.g.
+           "x0x1 - 1.25 x1*x2 + 1.5 x0x2", "sign(x0 + x1 + x2)"
+  seen:    atoms "PRODUCT == +-1" joined by | and & (or "or"/"and"), with parentheses, e.g.
+           "x0 == 1 | x1 == 1", "x0*x1*x2 == 1"
+
+Analysis: Fourier-Walsh coefficients over the cube (fast Walsh-Hadamard transform), the
+degree profile, and the minimum-degree interpolator (MDI) of the seen domain.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Callable
+
+import numpy as np
+
+
+class TaskSpecError(ValueError):
+  """A malformed target or seen-domain specification."""
+
+
+# ----------------------------------------------------------------------------- parsing
+_TOKEN = re.compile(r"\s*(?:(?P<num>\d+\.\d*|\.\d+|\d+(?:[eE][-+]?\d+)?)|(?P<var>x\d+)|(?P<name>sign|or|and)"
+                    r"|(?P<op>==|[-+*()|&]))")
+
+
+def _tokenize(text: str, what: str) -> list[tuple[str, str]]:
+  tokens, pos, text = [], 0, text.strip()
+  while pos < len(text):
+    m = _TOKEN.match(text, pos)
+    if not m or m.end() == pos:
+      raise TaskSpecError(f"{what} {text!r}: unexpected {text[pos:].strip()[:12]!r} at character {pos}")
+    kind = m.lastgroup
+    tokens.append((kind, m.group(kind)))
+    pos = m.end()
+    while pos < len(text) and text[pos].isspace():
+      pos += 1
+  return tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Expr:
+  """A parsed expression: a function of x (N, n) in {-1,+1}, and its interaction groups."""
+  evaluate: Callable[[np.ndarray], np.ndarray]
+  variables: frozenset[int]
+  groups: tuple[frozenset[int], ...]   # variable sets of the top-level terms
+
+
+class _Parser:
+  def __init__(self, text: str, what: str):
+    self.text, self.what = text, what
+    self.tokens = _tokenize(text, what)
+    self.i = 0
+
+  def error(self, msg: str):
+    raise TaskSpecError(f"{self.what} {self.text!r}: {msg}")
+
+  def peek(self):
+    return self.tokens[self.i] if self.i < len(self.tokens) else (None, None)
+
+  def take(self, value=None):
+    tok = self.peek()
+    if tok[0] is None:
+      self.error("ended too early" + (f", expected {value!r}" if value else ""))
+    if value is not None and tok[1] != value:
+      self.error(f"expected {value!r}, found {tok[1]!r}")
+    self.i += 1
+    return tok
+
+  def done(self):
+    if self.i != len(self.tokens):
+      self.error(f"unexpected {self.tokens[self.i][1]!r}")
+
+  # expr := ['+'|'-'] term (('+'|'-') term)*
+  def expr(self) -> Expr:
+    terms = []
+    sign = 1.0
+    if self.peek()[1] in ("+", "-"):
+      sign = -1.0 if self.take()[1] == "-" else 1.0
+    terms.append((sign, self.term()))
+    while self.peek()[1] in ("+", "-"):
+      sign = -1.0 if self.take()[1] == "-" else 1.0
+      terms.append((sign, self.term()))
+
+    def evaluate(x, terms=terms):
+      return sum(s * t.evaluate(x) for s, t in terms)
+    variables = frozenset().union(*(t.variables for _, t in terms))
+    groups = tuple(t.variables for _, t in terms if t.variables)
+    return Expr(evaluate, variables, groups)
+
+  # term := factor (['*'] factor)*
+  def term(self) -> Expr:
+    factors = [self.factor()]
+    while self.peek()[1] == "*" or self.peek()[0] in ("num", "var") or self.peek()[1] in ("sign", "("):
+      if self.peek()[1] == "*":
+        self.take()
+      factors.append(self.factor())
+
+    def evaluate(x, factors=factors):
+      out = factors[0].evaluate(x)
+      for f in factors[1:]:
+        out = out * f.evaluate(x)
+      return out
+    variables = frozenset().union(*(f.variables for f in factors))
+    return Expr(evaluate, variables, (variables,) if variables else ())
+
+  def factor(self) -> Expr:
+    kind, value = self.peek()
+    if kind == "num":
+      self.take()
+      c = float(value)
+      return Expr(lambda x, c=c: np.full(x.shape[0], c), frozenset(), ())
+    if kind == "var":
+      self.take()
+      i = int(value[1:])
+      return Expr(lambda x, i=i: x[:, i].astype(np.float64), frozenset([i]), ())
+    if value == "sign":
+      self.take()
+      self.take("(")
+      inner = self.expr()
+      self.take(")")
+      return Expr(lambda x, e=inner: np.sign(e.evaluate(x)), inner.variables, ())
+    if value == "(":
+      self.take()
+      inner = self.expr()
+      self.take(")")
+      return inner
+    if kind is None:
+      self.error("ended too early, expected a number, a variable x<i>, sign(...) or '('")
+    self.error(f"unexpected {value!r}, expected a number, a variable x<i>, sign(...) or '('")
+
+  # cond := conj ('|' conj)* ; conj := atom ('&' atom)* ; atom := '(' cond ')' | expr '==' number
+  def cond(self):
+    parts = [self.conj()]
+    while self.peek()[1] in ("|", "or"):
+      self.take()
+      parts.append(self.conj())
+    return (lambda x: np.logical_or.reduce([p(x) for p in parts])), frozenset()
+
+  def conj(self):
+    parts = [self.atom()]
+    while self.peek()[1] in ("&", "and"):
+      self.take()
+      parts.append(self.atom())
+    return lambda x: np.logical_and.reduce([p(x) for p in parts])
+
+  def atom(self):
+    if self.peek()[1] == "(":
+      save = self.i
+      self.take()
+      try:
+        inner, _ = self.cond()
+        self.take(")")
+        if self.peek()[1] != "==":
+          return inner
+      except TaskSpecError:
+        pass
+      self.i = save
+    lhs = self.expr()
+    self.take("==")
+    sign = -1.0 if self.peek()[1] == "-" else 1.0
+    if self.peek()[1] in ("+", "-"):
+      self.take()
+    kind, value = self.take()
+    if kind != "num":
+      self.error(f"expected a number after '==', found {value!r}")
+    rhs = sign * float(value)
+    self.variables_seen.update(lhs.variables)
+    return lambda x, e=lhs, r=rhs: np.isclose(e.evaluate(x), r)
+
+
+def parse_target(text: str) -> Expr:
+  p = _Parser(text, "target")
+  if not p.tokens:
+    raise TaskSpecError("target is empty")
+  e = p.expr()
+  p.done()
+  if not e.variables:
+    raise TaskSpecError(f"target {text!r} has no variables x<i>")
+  return e
+
+
+def parse_condition(text: str) -> tuple[Callable[[np.ndarray], np.ndarray], frozenset[int]]:
+  """Returns (predicate over x (N, n) -> bool (N,), the variables it reads)."""
+  p = _Parser(text, "seen condition")
+  if not p.tokens:
+    raise TaskSpecError("seen condition is empty")
+  p.variables_seen = set()
+  pred, _ = p.cond()
+  p.done()
+  return pred, frozenset(p.variables_seen)
+
+
+# ----------------------------------------------------------------------------- tasks
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  n: int
+  target: str
+  seen: str
+
+  @property
+  def expr(self) -> Expr:
+    return parse_target(self.target)
+
+  @property
+  def groups(self) -> tuple[tuple[int, ...], ...]:
+    """Interaction structure: the variable sets of the target's terms (no coefficients)."""
+    seen, out = set(), []
+    for g in self.expr.groups:
+      if g not in seen:
+        seen.add(g)
+        out.append(tuple(sorted(g)))
+    return tuple(out)
+
+  def f(self, x: np.ndarray) -> np.ndarray:
+    return self.expr.evaluate(x)
+
+  def is_seen(self, x: np.ndarray) -> np.ndarray:
+    return parse_condition(self.seen)[0](x)
+
+  def relevant(self) -> tuple[int, ...]:
+    return tuple(sorted(self.expr.variables | parse_condition(self.seen)[1]))
+
+
+def _cyclic(n: int) -> str:
+  return " + ".join(f"x{i}x{(i + 1) % n}x{(i + 2) % n}" for i in range(n))
+
+
+TASKS = {
+    "f1_threesym": Task("f1_threesym", 15, "x0x1 - 1.25 x1x2 + 1.5 x0x2", "x0*x1*x2 == 1"),
+    "f2_2parity": Task("f2_2parity", 15, "x0x1", "x0 == 1 | x1 == 1"),
+    "f3_cyclic": Task("f3_cyclic", 15, _cyclic(15), "x0 == 1 | x1 == 1 | x2 == 1"),
+    "f4_majority": Task("f4_majority", 15, "sign(x0 + x1 + x2)", "x0 == 1 | x1 == 1"),
+    "frozen_coordinate": Task("frozen_coordinate", 18, "x0x1x2 + x0x3x4x5", "x0 == 1"),
+}
+ALIASES = {"f1": "f1_threesym", "threesym": "f1_threesym", "f2": "f2_2parity", "2parity": "f2_2parity",
+           "f3": "f3_cyclic", "cyclic": "f3_cyclic", "f4": "f4_majority", "majority": "f4_majority",
+           "frozen": "frozen_coordinate"}
+
+
+def get_task(name: str) -> Task:
+  key = ALIASES.get(name, name)
+  if key not in TASKS:
+    raise TaskSpecError(f"unknown task {name!r}; choose from {', '.join(TASKS)} "
+                        f"(or give --target and --seen)")
+  return TASKS[key]
+
+
+def custom_task(target: str, seen: str, n: int | None = None, name: str = "custom") -> Task:
+  expr = parse_target(target)
+  _, cvars = parse_condition(seen)
+  needed = max(expr.variables | cvars) + 1
+  if n is None:
+    n = needed
+  if n < needed:
+    raise TaskSpecError(f"--n {n} is too small: the spec uses x{needed - 1}")
+  task = Task(name, n, target, seen)
+  cube = task_cube(task, max_n=20)
+  if cube is not None and not task.is_seen(cube).any():
+    raise TaskSpecError(f"seen condition {seen!r} holds nowhere on the cube")
+  if cube is not None and task.is_seen(cube).all():
+    raise TaskSpecError(f"seen condition {seen!r} holds everywhere: there is no unseen domain")
+  return task
+
+
+# ----------------------------------------------------------------------------- data
+def cube(n: int) -> np.ndarray:
+  """All 2^n points of {-1,+1}^n as int8 (2^n, n); point p has x_i = 1 - 2 * bit_i(p)."""
+  p = np.arange(2 ** n, dtype=np.int64)[:, None]
+  return (1 - 2 * ((p >> np.arange(n)) & 1)).astype(np.int8)
+
+
+def task_cube(task: Task, max_n: int = 20) -> np.ndarray | None:
+  return cube(task.n) if task.n <= max_n else None
+
+
+def seen_points(task: Task, rng: np.random.Generator, max_enumerate: int = 20,
+                num_samples: int = 1 << 18) -> np.ndarray:
+  """Every seen point when n <= max_enumerate, else `num_samples` sampled seen points."""
+  if task.n <= max_enumerate:
+    x = cube(task.n)
+    return x[task.is_seen(x)]
+  out = []
+  while sum(len(o) for o in out) < num_samples:
+    x = (1 - 2 * rng.integers(0, 2, (num_samples, task.n))).astype(np.int8)
+    out.append(x[task.is_seen(x)])
+  return np.concatenate(out)[:num_samples]
+
+
+# ----------------------------------------------------------------------------- analysis
+def walsh_coefficients(values: np.ndarray) -> np.ndarray:
+  """f_hat(S) for all S, from f on the whole cube in `cube(n)` order; index S is a bitmask."""
+  a = np.asarray(values, np.float64).copy()
+  n = int(np.log2(a.shape[0]))
+  if a.shape[0] != 2 ** n:
+    raise ValueError("walsh_coefficients needs all 2^n values of the cube")
+  h = 1
+  while h < a.shape[0]:
+    a = a.reshape(-1, 2, h)
+    a = np.stack([a[:, 0] + a[:, 1], a[:, 0] - a[:, 1]], axis=1).reshape(-1)
+    h *= 2
+  return a / a.shape[0]
+
+
+def degree_profile(coefficients: np.ndarray) -> np.ndarray:
+  """(n+1,) sums of f_hat(S)^2 over |S| = k."""
+  n = int(np.log2(coefficients.shape[0]))
+  sizes = np.array([bin(s).count("1") for s in range(2 ** n)])
+  return np.bincount(sizes, weights=coefficients ** 2, minlength=n + 1)
+
+
+def _monomials(k_vars: int, degree: int):
+  return [c for d in range(degree + 1) for c in itertools.combinations(range(k_vars), d)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interpolator:
+  """A polynomial sum_S c_S prod_{i in S} x_i over the task's variables."""
+  terms: dict[tuple[int, ...], float]
+
+  def __call__(self, x: np.ndarray) -> np.ndarray:
+    out = np.zeros(x.shape[0])
+    for s, c in self.terms.items():
+      out += c * (np.prod(x[:, list(s)], axis=1) if s else 1.0)
+    return out
+
+  def pretty(self, tol: float = 1e-9) -> str:
+    parts = [f"{c:+.4g}{''.join(f' x{i}' for i in s) if s else ''}"
+             for s, c in sorted(self.terms.items(), key=lambda t: (len(t[0]), t[0])) if abs(c) > tol]
+    return " ".join(parts) if parts else "0"
+
+
+def _min_norm_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """Minimum-norm least squares with an absolute singular-value cut-off (the columns are
+  +-1 monomials, so singular values below 1e-8 are round-off of an exact zero)."""
+  if a.size == 0:
+    return np.zeros(a.shape[1])
+  u, sv, vt = np.linalg.svd(a, full_matrices=False)
+  keep = sv > 1e-8 * np.sqrt(a.shape[0])
+  return vt[keep].T @ ((u[:, keep].T @ b) / sv[keep])
+
+
+def minimum_degree_interpolator(task: Task, tol: float = 1e-9) -> Interpolator:
+  """The MDI of f on the seen domain, computed exactly.
+
+  Variables outside the target and the condition do not enter (averaging over them keeps
+  agreement and lowers every degree's energy), so the fit runs on the relevant variables.
+  Degree by degree from the target's degree down, the degree-d coefficients are the
+  minimum-norm least-squares solution after projecting out what lower degrees span.
+  """
+  rel = task.relevant()
+  k = len(rel)
+  if k > 20:
+    raise ValueError(f"MDI over {k} relevant variables is too large to enumerate")
+  xr = cube(k)
+  full = np.zeros((xr.shape[0], task.n), np.int8)
+  full[:, list(rel)] = xr
+  fvals, seen = task.f(full), task.is_seen(full)
+  coeffs = walsh_coefficients(fvals)
+  sizes = np.array([bin(s).count("1") for s in range(2 ** k)])
+  degree = int(sizes[np.abs(coeffs) > tol].max()) if np.any(np.abs(coeffs) > tol) else 0
+  xs = xr[seen].astype(np.float64)
+  mons = _monomials(k, degree)
+  phi = np.stack([np.prod(xs[:, list(m)], axis=1) if m else np.ones(len(xs)) for m in mons], axis=1)
+  deg_of = np.array([len(m) for m in mons])
+  residual = fvals[seen].astype(np.float64)
+  result = {}
+  for d in range(degree, -1, -1):
+    lower = phi[:, deg_of < d]
+    cur = phi[:, deg_of == d]
+    if lower.shape[1]:
+      u, sv, _ = np.linalg.svd(lower, full_matrices=False)
+      q = u[:, sv > 1e-8 * np.sqrt(lower.shape[0])]  # orthonormal basis of what lower degrees span
+      proj = lambda v, q=q: v - q @ (q.T @ v)
+    else:
+      proj = lambda v: v
+    c = _min_norm_solve(proj(cur), proj(residual))
+    residual = residual - cur @ c
+    for m, ci in zip([m for m in mons if len(m) == d], c):
+      if abs(ci) > tol:
+        result[tuple(rel[i] for i in m)] = float(ci)
+  if np.abs(residual).max() > 1e-6:
+    raise AssertionError("MDI does not interpolate the seen domain")
+  return Interpolator(result)
+
+
+def unseen_mse(task: Task, g: Callable[[np.ndarray], np.ndarray]) -> float:
+  """Mean over unseen points of (g - f)^2, over the relevant variables' cube."""
+  rel = task.relevant()
+  xr = cube(len(rel))
+  full = np.zeros((xr.shape[0], task.n), np.int8)
+  full[:, list(rel)] = xr
+  unseen = ~task.is_seen(full)
+  return float(np.mean((g(full[unseen]) - task.f(full[unseen])) ** 2))

@@ -1,0 +1,327 @@
+"""The Boolean extrapolation benchmark: train vanilla / mimetic / qk / mask models on the
+seen domain of a GOTU task, then measure extrapolation, degree profiles and persistence.
+
+Writes into `workdir`: config.json, metrics.jsonl, results.json, table.md and PNG plots.
+Each method's results are written as soon as it finishes; rerunning the same command
+with the same workdir skips finished methods.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maskprior_jax import boolean, experiment, optim, priors, qk_init
+from maskprior_jax.attention import MASK_PRIOR
+from maskprior_jax.config import ConfigError, config_digest
+from maskprior_jax.models import Transformer
+
+METHODS = ("vanilla", "mimetic", "qk", "mask")
+
+
+def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndarray:
+  """(heads, n+1, n+1) logit bias from the task's interaction groups; token 0 is CLS."""
+  if cfg.prior.token_rows not in ("group", "self"):
+    raise ConfigError(f"prior.token_rows must be group or self, not {cfg.prior.token_rows!r}")
+  groups = [[i + 1 for i in g] for g in task.groups]
+  return priors.group_matrix(groups, task.n + 1, num_heads=cfg.model.num_heads if cfg.prior.per_head else None,
+                             inside=cfg.prior.inside, outside=cfg.prior.outside, readers=[0],
+                             member_rows=cfg.prior.token_rows == "group")
+
+
+def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str) -> Transformer:
+  mask_init = None
+  if method == "mask":
+    pattern = prior_pattern(task, cfg)
+    init = priors.from_matrix(pattern)
+    if cfg.prior.layers == "all":
+      mask_init = init
+    elif cfg.prior.layers == "first":
+      mask_init = [init] + [None] * (cfg.model.depth - 1)
+    else:
+      raise ConfigError(f"prior.layers must be all or first, not {cfg.prior.layers!r}")
+  m = cfg.model
+  return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
+                     mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=m.pos_embedding,
+                     pos_where=m.pos_where, pooling="cls", head="regression", mask_init=mask_init)
+
+
+def to_ids(x: np.ndarray) -> np.ndarray:
+  """{-1,+1} bits -> token ids {0, 1}."""
+  return (np.asarray(x) > 0).astype(np.int32)
+
+
+def make_tx(cfg, method):
+  t = cfg.train
+  if method == "mask" and cfg.prior.mode not in ("learned", "frozen"):
+    raise ConfigError(f"prior.mode must be learned or frozen, not {cfg.prior.mode!r}")
+  return optim.mask_prior_optimizer(t.learning_rate, name=t.optimizer, weight_decay=t.weight_decay,
+                                    mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
+                                    freeze_mask=cfg.prior.mode == "frozen")
+
+
+def initial_variables(task, cfg, method, seed, model, probe_ids, pattern):
+  variables = model.init(jax.random.key(seed), jnp.zeros((1, task.n), jnp.int32))
+  info = {}
+  if method == "mimetic":
+    m = cfg.mimetic
+    variables = {**variables, "params": qk_init.mimetic(
+        variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
+        alpha_v=m.alpha_v, beta_v=m.beta_v)}
+  elif method == "qk":
+    target = jax.nn.softmax(jnp.asarray(pattern), axis=-1)
+    variables, tv = qk_init.fit_qk(model.apply, variables, probe_ids, target,
+                                   steps=cfg.qk.fit_steps, learning_rate=cfg.qk.fit_learning_rate)
+    info["qk_fit_tv"] = tv
+  return variables, info
+
+
+def _predict(model, stacked, ids, chunk=8192):
+  fn = jax.jit(jax.vmap(lambda v, x: model.apply(v, x), in_axes=(0, None)))
+  return np.concatenate([np.asarray(fn(stacked, ids[i:i + chunk])) for i in range(0, len(ids), chunk)], 1)
+
+
+def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequence[str],
+             seeds: Sequence[int], workdir: pathlib.Path, log=print) -> dict:
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  mdi = boolean.minimum_degree_interpolator(task)
+  mdi_unseen = boolean.unseen_mse(task, mdi)
+  timer = experiment.Timer()
+  results_path = workdir / "results.json"
+  digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n], "seeds": list(seeds)})
+  results = {"task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
+             "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(),
+             "mdi_unseen_mse_true": mdi_unseen, "config_digest": digest, "runs": [], "curves": {},
+             "environment": experiment.environment(), "wall_s": {}}
+  if results_path.exists():
+    old = json.loads(results_path.read_text())
+    if old.get("config_digest") == digest:
+      results = old
+  (workdir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+
+  rng = np.random.default_rng(0)
+  seen_x = boolean.seen_points(task, rng)
+  seen_ids = to_ids(seen_x)
+  full = task.n <= cfg.eval.full_cube_max_n
+  test_x = boolean.cube(task.n) if full else (1 - 2 * rng.integers(0, 2, (1 << 16, task.n))).astype(np.int8)
+  test_seen = task.is_seen(test_x)
+  test_f = task.f(test_x)
+  test_mdi = mdi(test_x)
+  # A fixed subset for curves during training: half unseen, half seen points.
+  ev_rng = np.random.default_rng(1)
+  half = cfg.eval.num_points // 2
+  ev_idx = np.concatenate([ev_rng.choice(np.flatnonzero(~test_seen), half),
+                           ev_rng.choice(np.flatnonzero(test_seen), half)])
+  ev_ids, ev_f, ev_mdi, ev_unseen = to_ids(test_x[ev_idx]), test_f[ev_idx], test_mdi[ev_idx], ~test_seen[ev_idx]
+  probe_ids = to_ids(test_x[ev_rng.choice(len(test_x), cfg.eval.probe_size)])
+  pattern = prior_pattern(task, cfg)
+  target_attn = jax.nn.softmax(jnp.asarray(pattern), axis=-1)
+
+  for method in methods:
+    if any(r["method"] == method for r in results["runs"]):
+      log(f"[{task.name}] {method}: already in {results_path}, skipped")
+      continue
+    t_method = experiment.Timer()
+    model = build_model(task, cfg, method)
+    tx = make_tx(cfg, method)
+    inits = [initial_variables(task, cfg, method, s, model, probe_ids, pattern) for s in seeds]
+    variables0 = [v for v, _ in inits]
+    init0 = experiment.stack_trees(variables0)
+
+    def loss_fn(v, batch, rng):
+      del rng
+      pred = model.apply(v, batch["x"])
+      return jnp.mean((pred - batch["y"]) ** 2), {}
+
+    bs = cfg.train.batch_size
+    seen_f = task.f(seen_x).astype(np.float32)
+
+    def batch_fn(step, seeds):
+      idx = np.stack([np.random.default_rng([s, step]).integers(0, len(seen_ids), bs) for s in seeds])
+      return {"x": seen_ids[idx], "y": seen_f[idx]}
+
+    @jax.jit
+    def eval_core(stacked):
+      pred = jax.vmap(lambda v: model.apply(v, ev_ids))(stacked)
+      maps = jax.vmap(lambda v: jnp.stack(qk_init.attention_maps(model.apply, v, probe_ids)))(stacked)
+      tv = experiment.total_variation(maps, target_attn)          # (seeds, layers)
+      err_t, err_m = (pred - ev_f) ** 2, (pred - ev_mdi) ** 2
+      out = {"unseen_mse_true": err_t[:, ev_unseen].mean(1), "unseen_mse_mdi": err_m[:, ev_unseen].mean(1),
+             "seen_mse": err_t[:, ~ev_unseen].mean(1), "attn_tv": tv}
+      if MASK_PRIOR in stacked:
+        out["mask_drift"] = experiment.mask_drift(stacked, init0)
+      return out
+
+    state, history = experiment.train_seeds(
+        loss_fn=loss_fn, tx=tx, variables=variables0, seeds=seeds, batch_fn=batch_fn,
+        steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
+        eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_core(v),
+        label=f"{task.name}/{method}")
+    experiment.append_jsonl(workdir / "metrics.jsonl", [{"method": method, **h} for h in history])
+
+    pred = _predict(model, state.variables, to_ids(test_x))
+    for i, seed in enumerate(seeds):
+      p = pred[i]
+      run = {"method": method, "seed": int(seed),
+             "seen_mse": float(np.mean((p - test_f)[test_seen] ** 2)),
+             "unseen_mse_true": float(np.mean((p - test_f)[~test_seen] ** 2)),
+             "unseen_mse_mdi": float(np.mean((p - test_mdi)[~test_seen] ** 2)),
+             "degree_profile": boolean.degree_profile(boolean.walsh_coefficients(p)).tolist() if full else None,
+             "persistence": [{"step": h["step"], "attn_tv": h["attn_tv"][i],
+                              **({"mask_drift": h["mask_drift"][i]} if "mask_drift" in h else {})}
+                             for h in history],
+             **{k: v for k, v in inits[i][1].items()}}
+      results["runs"].append(run)
+    results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
+    results["wall_s"][method] = t_method()
+    experiment.write_json(results_path, results)
+    log(f"[{task.name}] {method}: unseen MSE vs truth "
+        f"{experiment.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
+        f"(MDI {mdi_unseen:.3g}), {t_method():.0f}s")
+
+  write_task_report(results, workdir)
+  return results
+
+
+def summarize(results: dict) -> list[dict]:
+  rows = []
+  methods = [m for m in METHODS if any(r["method"] == m for r in results["runs"])]
+  methods += sorted({r["method"] for r in results["runs"]} - set(methods))
+  for m in methods:
+    runs = [r for r in results["runs"] if r["method"] == m]
+    last = lambda r, k: r["persistence"][-1].get(k)
+    tv = [float(np.mean(last(r, "attn_tv"))) for r in runs]
+    drift = [last(r, "mask_drift") for r in runs if last(r, "mask_drift") is not None]
+    rows.append({"method": m, "seeds": len(runs),
+                 "seen_mse": [r["seen_mse"] for r in runs],
+                 "unseen_mse_true": [r["unseen_mse_true"] for r in runs],
+                 "unseen_mse_mdi": [r["unseen_mse_mdi"] for r in runs],
+                 "tv0": [float(np.mean(r["persistence"][0]["attn_tv"])) for r in runs],
+                 "tv_end": tv, "drift_end": drift})
+  return rows
+
+
+def task_table(results: dict) -> str:
+  header = ["method", "seeds", "seen MSE", "unseen MSE vs truth", "unseen / MDI's", "unseen MSE vs MDI",
+            "attn TV start", "attn TV end", "‖B−B0‖/‖B0‖ end"]
+  ref = results["mdi_unseen_mse_true"]
+  rows = []
+  for s in summarize(results):
+    rows.append([s["method"], s["seeds"], experiment.mean_std(s["seen_mse"]),
+                 experiment.mean_std(s["unseen_mse_true"]),
+                 f"{np.mean(s['unseen_mse_true']) / ref:.0%}",
+                 experiment.mean_std(s["unseen_mse_mdi"]), experiment.mean_std(s["tv0"]),
+                 experiment.mean_std(s["tv_end"]),
+                 experiment.mean_std(s["drift_end"]) if s["drift_end"] else "-"])
+  head = (f"**{results['task']}** (n = {results['n']}): f = `{results['target']}`, seen: `{results['seen']}`; "
+          f"MDI = `{results['mdi']}`, MDI's unseen MSE vs truth = {ref:.4g}\n\n")
+  return head + experiment.markdown_table(header, rows)
+
+
+def write_task_report(results: dict, workdir: pathlib.Path) -> None:
+  workdir = pathlib.Path(workdir)
+  (workdir / "table.md").write_text(task_table(results))
+  curves = results["curves"]
+  if not curves:
+    return
+  steps_of = lambda c: np.asarray(c["step"])
+  experiment.plot_curves(workdir / "unseen_loss.png",
+                         {m: (steps_of(c), np.asarray(c["unseen_mse_true"]).T) for m, c in curves.items()},
+                         title=f"{results['task']}: unseen MSE vs truth", ylabel="MSE", logy=True,
+                         hlines={"MDI": results["mdi_unseen_mse_true"]})
+  experiment.plot_curves(workdir / "persistence.png",
+                         {m: (steps_of(c), np.asarray(c["attn_tv"]).mean(-1).T) for m, c in curves.items()},
+                         title=f"{results['task']}: attention distance from the prior's pattern",
+                         ylabel="mean TV distance (layers)")
+  drift = {m: (steps_of(c), np.asarray(c["mask_drift"]).T) for m, c in curves.items() if "mask_drift" in c}
+  if drift:
+    experiment.plot_curves(workdir / "mask_drift.png", drift, title=f"{results['task']}: ‖B_t − B_0‖ / ‖B_0‖",
+                           ylabel="relative change")
+  plot_degree_profiles(results, workdir / "degree_profiles.png")
+
+
+def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  profiles = {}
+  for r in results["runs"]:
+    if r.get("degree_profile") is not None:
+      profiles.setdefault(r["method"], []).append(r["degree_profile"])
+  if not profiles:
+    return
+  task = boolean.custom_task(results["target"], results["seen"], results["n"], results["task"]) \
+      if results["task"] not in boolean.TASKS else boolean.TASKS[results["task"]]
+  x = boolean.cube(task.n)
+  truth = boolean.degree_profile(boolean.walsh_coefficients(task.f(x)))
+  mdi = boolean.degree_profile(boolean.walsh_coefficients(boolean.minimum_degree_interpolator(task)(x)))
+  maxdeg = max(int(np.max(np.flatnonzero(truth > 1e-6))), int(np.max(np.flatnonzero(mdi > 1e-6)))) + 2
+  series = {"truth": truth, "MDI": mdi, **{m: np.mean(v, 0) for m, v in profiles.items()}}
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  width = 0.8 / len(series)
+  for i, (label, prof) in enumerate(series.items()):
+    ax.bar(np.arange(maxdeg) + i * width, prof[:maxdeg], width, label=label)
+  ax.set(title=f"{results['task']}: degree profile (sum of f̂(S)² by |S|)", xlabel="degree", ylabel="energy")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def run_headline(cfg, methods, seeds, workdir: pathlib.Path, tasks: Sequence[str] = tuple(boolean.TASKS), log=print):
+  all_results = []
+  for name in tasks:
+    all_results.append(run_task(boolean.TASKS[name], cfg, methods, seeds, pathlib.Path(workdir) / name, log=log))
+  write_headline_report(all_results, pathlib.Path(workdir))
+  return all_results
+
+
+def headline_table(all_results: Sequence[dict]) -> str:
+  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  header = ["task", "MDI's unseen MSE"] + [f"{m}: unseen MSE vs truth (vs MDI)" for m in methods]
+  rows = []
+  for res in all_results:
+    row = [res["task"], f"{res['mdi_unseen_mse_true']:.3g}"]
+    for m in methods:
+      runs = [r for r in res["runs"] if r["method"] == m]
+      row.append(f"{experiment.mean_std([r['unseen_mse_true'] for r in runs])} "
+                 f"({experiment.mean_std([r['unseen_mse_mdi'] for r in runs])})" if runs else "-")
+    rows.append(row)
+  header2 = ["task"] + [f"{m}: attn TV start → end" for m in methods] + ["mask: ‖B−B0‖/‖B0‖ end"]
+  rows2 = []
+  for res in all_results:
+    s = {x["method"]: x for x in summarize(res)}
+    rows2.append([res["task"]] + [f"{np.mean(s[m]['tv0']):.2f} → {np.mean(s[m]['tv_end']):.2f}" if m in s else "-"
+                                  for m in methods]
+                 + [experiment.mean_std(s["mask"]["drift_end"]) if "mask" in s and s["mask"]["drift_end"] else "-"])
+  return experiment.markdown_table(header, rows) + "\n" + experiment.markdown_table(header2, rows2)
+
+
+def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
+  (workdir / "summary.md").write_text(headline_table(all_results))
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  fig, ax = plt.subplots(figsize=(7, 3.6))
+  width = 0.8 / max(len(methods), 1)
+  for i, m in enumerate(methods):
+    ratios = [[r["unseen_mse_true"] / res["mdi_unseen_mse_true"] for r in res["runs"] if r["method"] == m]
+              for res in all_results]
+    ax.bar(np.arange(len(all_results)) + i * width, [np.mean(v) if v else np.nan for v in ratios], width,
+           yerr=[np.std(v) if v else 0 for v in ratios], label=m, capsize=2)
+  ax.axhline(1.0, ls="--", c="gray", lw=1)
+  ax.axhline(0.1, ls=":", c="gray", lw=1)
+  ax.set_xticks(np.arange(len(all_results)) + 0.4 - width / 2, [r["task"] for r in all_results], fontsize=8)
+  ax.set(ylabel="unseen MSE / MDI's unseen MSE", title="Extrapolation error relative to the MDI (1 = MDI, 0 = truth)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "headline.png", dpi=110)
+  plt.close(fig)

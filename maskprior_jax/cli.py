@@ -1,0 +1,129 @@
+"""The `maskprior` command: one subcommand per benchmark, plus `report`.
+
+Errors a user can cause (bad config key or value, bad task spec, unknown method, a workdir
+holding a different run) are reported as one line on stderr with exit status 2, before
+any work starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from maskprior_jax.config import ConfigError, apply_overrides, builtin_config, load_config_file
+
+
+class UsageError(ValueError):
+  pass
+
+
+def _parse_list(text: str, allowed, what: str) -> list[str]:
+  items = [t.strip() for t in text.split(",") if t.strip()]
+  bad = [t for t in items if t not in allowed]
+  if bad or not items:
+    raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(allowed)}")
+  return items
+
+
+def _seeds(text: str) -> list[int]:
+  try:
+    k = int(text)
+  except ValueError:
+    raise UsageError(f"--seeds must be a positive integer, not {text!r}") from None
+  if k < 1:
+    raise UsageError("--seeds must be at least 1")
+  return list(range(k))
+
+
+def _config(args, name: str):
+  cfg = load_config_file(args.config) if args.config else builtin_config(name)
+  return apply_overrides(cfg, args.overrides)
+
+
+def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
+  """A workdir that holds a run of a different config is an error unless --fresh."""
+  cfg_path = workdir / "run_config.json"
+  if cfg_path.exists() and not fresh:
+    old = json.loads(cfg_path.read_text())
+    if old != cfg:
+      raise UsageError(f"{workdir} holds a run with a different config or command; use another "
+                       f"--workdir, or --fresh to start over there")
+  workdir.mkdir(parents=True, exist_ok=True)
+  if fresh:
+    import shutil
+    for child in workdir.iterdir():
+      shutil.rmtree(child) if child.is_dir() else child.unlink()
+  cfg_path.write_text(json.dumps(cfg, indent=1, sort_keys=True))
+
+
+def cmd_boolean(args) -> int:
+  from maskprior_jax import boolean, boolean_run
+  cfg = _config(args, "boolean")
+  methods = _parse_list(args.methods, boolean_run.METHODS, "method")
+  seeds = _seeds(args.seeds)
+  if args.target or args.seen:
+    if not (args.target and args.seen):
+      raise UsageError("a custom task needs both --target and --seen")
+    if args.task:
+      raise UsageError("give either --task or --target/--seen, not both")
+    tasks = [boolean.custom_task(args.target, args.seen, args.n)]
+  elif args.task:
+    tasks = [boolean.get_task(args.task)]
+    if args.n is not None and args.n != tasks[0].n:
+      raise UsageError(f"--n applies to custom tasks; {tasks[0].name} has n = {tasks[0].n}")
+  else:
+    tasks = None
+  workdir = pathlib.Path(args.workdir)
+  record = {"command": "boolean", "config": cfg.to_dict(), "methods": methods, "seeds": seeds,
+            "tasks": [[t.name, t.n, t.target, t.seen] for t in tasks] if tasks else "headline"}
+  _check_workdir(workdir, record, args.fresh)
+  if tasks is None:
+    boolean_run.run_headline(cfg, methods, seeds, workdir)
+    print((workdir / "summary.md").read_text())
+  else:
+    res = boolean_run.run_task(tasks[0], cfg, methods, seeds, workdir)
+    print(boolean_run.task_table(res))
+  print(f"results in {workdir}")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  b = sub.add_parser("boolean", help="Boolean extrapolation (GOTU) benchmark",
+                     description="Without --task or --target: the headline, all five tasks.")
+  b.add_argument("--task", help="f1_threesym, f2_2parity, f3_cyclic, f4_majority, frozen_coordinate (or f1..f4, frozen)")
+  b.add_argument("--target", help='custom target, e.g. "x0x1x2 + x1x2"')
+  b.add_argument("--seen", help='custom seen domain, e.g. "x0 == 1"')
+  b.add_argument("--n", type=int, help="dimension of a custom task (default: largest variable + 1)")
+  b.add_argument("--methods", default="vanilla,mimetic,qk,mask")
+  b.add_argument("--seeds", default="3")
+  b.add_argument("--workdir", default="runs/boolean")
+  b.add_argument("--config", help="config file (default: the built-in boolean config)")
+  b.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
+  b.set_defaults(fn=cmd_boolean)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = [a for a in argv if a.startswith("--config.")]
+  rest = [a for a in argv if not a.startswith("--config.")]
+  parser = build_parser()
+  args = parser.parse_args(rest)
+  args.overrides = overrides
+  from maskprior_jax.boolean import TaskSpecError
+  try:
+    return args.fn(args)
+  except (ConfigError, UsageError, TaskSpecError) as e:
+    print(f"maskprior: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
+          file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,97 @@
+"""Config files and command-line overrides.
+
+A config file is a Python file with `get_config() -> ml_collections.ConfigDict`. Overrides
+use one syntax everywhere: `--config.train.steps=2000`. The config is locked, so an unknown
+key is an error; a value is parsed to the type of the value it replaces.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import pathlib
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A bad config file, key or value (reported as one line)."""
+
+
+def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise ConfigError(f"config file {path} does not exist")
+  spec = importlib.util.spec_from_file_location(f"_maskprior_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config file {path} has no get_config()")
+  return module.get_config()
+
+
+def builtin_config(name: str) -> ml_collections.ConfigDict:
+  return load_config_file(pathlib.Path(__file__).parent / "configs" / f"{name}.py")
+
+
+def _parse_value(text: str, old, key: str):
+  if isinstance(old, bool):
+    low = text.lower()
+    if low in ("true", "1", "yes"):
+      return True
+    if low in ("false", "0", "no"):
+      return False
+    raise ConfigError(f"--config.{key}={text}: expected true or false")
+  if isinstance(old, int):
+    try:
+      return int(text)
+    except ValueError:
+      raise ConfigError(f"--config.{key}={text}: expected an integer") from None
+  if isinstance(old, float):
+    try:
+      return float(text)
+    except ValueError:
+      raise ConfigError(f"--config.{key}={text}: expected a number") from None
+  if isinstance(old, (tuple, list)):
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not isinstance(value, (tuple, list)):
+      value = (value,)
+    return tuple(value)
+  if old is None:
+    try:
+      return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      return text
+  return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
+  """Apply `--config.a.b=value` strings to a copy of `config`, locked against new keys."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.lock()
+  for item in overrides:
+    if not item.startswith("--config.") or "=" not in item:
+      raise ConfigError(f"bad override {item!r}; use --config.section.key=value")
+    key, text = item[len("--config."):].split("=", 1)
+    node, parts = config, key.split(".")
+    for p in parts[:-1]:
+      if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
+        raise ConfigError(f"unknown config key {key!r} (no section {p!r})")
+      node = node[p]
+    if parts[-1] not in node:
+      raise ConfigError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node.keys()))}")
+    old = node[parts[-1]]
+    if isinstance(old, ml_collections.ConfigDict):
+      raise ConfigError(f"config key {key!r} is a section, not a value")
+    with config.unlocked():
+      node[parts[-1]] = _parse_value(text, old, key)
+  return config
+
+
+def config_digest(config: ml_collections.ConfigDict | dict) -> str:
+  d = config.to_dict() if hasattr(config, "to_dict") else config
+  return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,165 @@
+"""Pieces every benchmark shares: seed-parallel training with periodic evaluation, the run
+folder (config, metrics, results), Markdown tables and plots.
+
+A benchmark supplies: a model, per-seed initial variables, a loss, a batch function
+`batch_fn(step, seeds) -> batch with a leading seed axis`, and an eval hook.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskprior_jax import train
+from maskprior_jax.attention import MASK_PRIOR
+
+
+def stack_trees(trees: Sequence[Any]) -> Any:
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
+                batch_fn: Callable[[int, Sequence[int]], Any], steps: int, steps_per_call: int,
+                eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
+                log_every: int = 250) -> tuple[train.TrainState, list[dict]]:
+  """Train one run per seed in a single vmapped program.
+
+  eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
+  `eval_every` steps and at the end. Returns the final stacked state and the eval history.
+  """
+  if eval_every % steps_per_call or steps % steps_per_call:
+    raise ValueError(f"train.steps ({steps}) and eval.every_steps ({eval_every}) must be "
+                     f"multiples of train.steps_per_call ({steps_per_call})")
+  states = stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
+  step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call)
+  history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
+  progress = train.Progress(steps, label=label, every=log_every)
+  done, pending = 0, None
+  while done < steps:
+    chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+    batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
+    states, metrics = step_fn(states, batch)
+    done += steps_per_call
+    if pending is not None:
+      _check_finite(*pending, label)
+    pending = (done, metrics)
+    if done % log_every == 0 or done == steps:
+      loss = np.asarray(jax.device_get(metrics["loss"]))
+      _check_finite(done, metrics, label)
+      progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
+    if done % eval_every == 0 or done == steps:
+      history.append({"step": done, **_host(eval_fn(done, states.variables))})
+  return states, history
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+def _check_finite(step, metrics, label):
+  loss = np.asarray(jax.device_get(metrics["loss"]))
+  if not np.all(np.isfinite(loss)):
+    raise NonFiniteLoss(f"[{label}] loss became non-finite by step {step}; lower train.learning_rate")
+
+
+def _host(d: dict) -> dict:
+  return {k: np.asarray(jax.device_get(v)).tolist() for k, v in d.items()}
+
+
+def mask_drift(variables: dict, initial: dict) -> jax.Array:
+  """Per seed ||B_t - B_0|| / ||B_0|| over the whole mask-prior collection."""
+  cur, ini = jax.tree.leaves(variables[MASK_PRIOR]), jax.tree.leaves(initial[MASK_PRIOR])
+  axes = lambda x: tuple(range(1, x.ndim))
+  num = sum(jnp.sum((c - i) ** 2, axis=axes(c)) for c, i in zip(cur, ini))
+  den = sum(jnp.sum(i ** 2, axis=axes(i)) for i in ini)
+  return jnp.sqrt(num / jnp.maximum(den, 1e-12))
+
+
+def total_variation(attn: jax.Array, pattern: jax.Array) -> jax.Array:
+  """Mean over (batch, heads, rows) of 0.5 * sum_k |attn - pattern|; attn (..., B, H, q, kv)."""
+  return 0.5 * jnp.abs(attn - pattern).sum(-1).mean(axis=(-1, -2, -3))
+
+
+# ----------------------------------------------------------------------------- run folder
+def write_json(path: pathlib.Path, obj: Any) -> None:
+  """Write atomically (temp file + rename), so an interrupted write never leaves half a file."""
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+  os.replace(tmp, path)
+
+
+def _json_default(o):
+  if isinstance(o, (np.floating, np.integer)):
+    return o.item()
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  return str(o)
+
+
+def environment() -> dict:
+  import flax
+  import optax
+  from maskprior_jax import __version__
+  return {"maskprior_jax": __version__, "jax": jax.__version__, "flax": flax.__version__,
+          "optax": optax.__version__, "python": platform.python_version(),
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def append_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
+  with open(path, "a") as f:
+    for r in rows:
+      f.write(json.dumps(r, default=_json_default) + "\n")
+
+
+def mean_std(values: Sequence[float]) -> str:
+  v = np.asarray(values, float)
+  if v.size == 0:
+    return "-"
+  return f"{v.mean():.3g} ± {v.std():.2g}" if v.size > 1 else f"{v.mean():.3g}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
+                ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None) -> None:
+  """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for label, (steps, values) in curves.items():
+    values = np.asarray(values, float)
+    ax.plot(steps, values.mean(0), label=label)
+    if values.shape[0] > 1:
+      ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
+  for label, y in (hlines or {}).items():
+    ax.axhline(y, ls="--", c="gray", lw=1)
+    ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8, color="gray",
+                va="bottom")
+  if logy:
+    ax.set_yscale("symlog", linthresh=1e-2)
+  ax.set(title=title, xlabel="step", ylabel=ylabel)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+class Timer:
+  def __init__(self):
+    self.t0 = time.perf_counter()
+
+  def __call__(self) -> float:
+    return time.perf_counter() - self.t0

@@ -1,0 +1,104 @@
+"""QK-based structured initializations, the baselines the mask prior is compared with.
+
+- `mimetic`: W_q W_k^T ~ alpha Z + beta I per head and W_v W_o ~ alpha Z - beta I
+  (Trockman & Kolter 2023), Z ~ N(0, 1/d), by truncated SVD.
+- `fit_qk`: query/key weights fitted by gradient descent so that the model's initial
+  attention matches a target pattern (the structured-initialization recipe of Zheng et al.),
+  here the same interaction pattern the mask prior encodes. Only attention weights are fitted,
+  only on inputs (never targets).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maskprior_jax.attention import ATTENTION_WEIGHTS
+
+
+def _attention_paths(params: dict) -> list[tuple[str, ...]]:
+  flat = flax.traverse_util.flatten_dict(params)
+  return sorted({k[:-2] for k in flat if len(k) >= 2 and k[-2] == "query" and k[-1] == "kernel"})
+
+
+def _svd_factors(a: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+  u, s, vt = np.linalg.svd(a)
+  root = np.sqrt(s[:rank])
+  return u[:, :rank] * root, vt[:rank].T * root     # a ~ left @ right.T
+
+
+def mimetic(params: dict, rng: np.random.Generator, *, alpha: float = 0.7, beta: float = 0.7,
+            alpha_v: float = 0.4, beta_v: float = 0.4) -> dict:
+  """Mimetic initialization of every attention layer found in `params` (Flax MHA layout)."""
+  flat = flax.traverse_util.flatten_dict(jax.device_get(params))
+  flat = {k: np.array(v) for k, v in flat.items()}
+  for path in _attention_paths(params):
+    wq = flat[path + ("query", "kernel")]
+    d, heads, hd = wq.shape
+    eye = np.eye(d)
+    q, k = np.zeros_like(wq), np.zeros_like(wq)
+    for h in range(heads):
+      a = alpha * rng.normal(0, 1 / np.sqrt(d), (d, d)) + beta * eye
+      left, right = _svd_factors(a, hd)
+      q[:, h], k[:, h] = left, right
+    flat[path + ("query", "kernel")], flat[path + ("key", "kernel")] = q, k
+    wv, wo = flat[path + ("value", "kernel")], flat[path + ("out", "kernel")]
+    a = alpha_v * rng.normal(0, 1 / np.sqrt(d), (d, d)) - beta_v * eye
+    left, right = _svd_factors(a, min(d, heads * hd))
+    v = np.zeros((d, heads * hd))
+    o = np.zeros((heads * hd, wo.shape[-1]))
+    v[:, : left.shape[1]], o[: right.shape[1]] = left, right.T[:, : wo.shape[-1]]
+    flat[path + ("value", "kernel")] = v.reshape(wv.shape).astype(wv.dtype)
+    flat[path + ("out", "kernel")] = o.reshape(wo.shape).astype(wo.dtype)
+    for name in ("query", "key"):
+      flat[path + (name, "kernel")] = flat[path + (name, "kernel")].astype(wq.dtype)
+  return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()})
+
+
+def attention_maps(apply_fn: Callable, variables: dict, inputs: Any) -> list[jax.Array]:
+  """Per layer (batch, heads, q, kv) attention weights, in layer order."""
+  _, state = apply_fn(variables, inputs, mutable=["intermediates"])
+  flat = flax.traverse_util.flatten_dict(state["intermediates"])
+  return [v[0] for k, v in sorted(flat.items()) if k[-1] == ATTENTION_WEIGHTS]
+
+
+def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, *,
+           steps: int = 300, learning_rate: float = 1e-2) -> tuple[dict, float]:
+  """Fit every layer's query/key weights so that attention ~ `target` (heads, q, kv).
+
+  Minimizes the mean KL(target || attention) over `inputs`. Returns the new variables and the
+  final mean total-variation distance between attention rows and target rows.
+  """
+  flat = flax.traverse_util.flatten_dict(variables["params"])
+  is_qk = {k: len(k) >= 2 and k[-2] in ("query", "key") for k in flat}
+  trainable = {k: v for k, v in flat.items() if is_qk[k]}
+  frozen = {k: v for k, v in flat.items() if not is_qk[k]}
+  target = jnp.asarray(target)
+
+  def merged(tr):
+    return {**variables, "params": flax.traverse_util.unflatten_dict({**frozen, **tr})}
+
+  def loss(tr):
+    maps = attention_maps(apply_fn, merged(tr), inputs)
+    kl = [jnp.sum(target * (jnp.log(target + 1e-9) - jnp.log(a + 1e-9)), -1).mean() for a in maps]
+    return jnp.mean(jnp.stack(kl))
+
+  tx = optax.adam(learning_rate)
+
+  @jax.jit
+  def step(tr, opt):
+    g = jax.grad(loss)(tr)
+    upd, opt = tx.update(g, opt, tr)
+    return optax.apply_updates(tr, upd), opt
+
+  opt = tx.init(trainable)
+  for _ in range(steps):
+    trainable, opt = step(trainable, opt)
+  out = merged(trainable)
+  maps = attention_maps(apply_fn, out, inputs)
+  tv = float(np.mean([0.5 * jnp.abs(a - target).sum(-1).mean() for a in maps]))
+  return out, tv
