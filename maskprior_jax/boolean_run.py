@@ -32,7 +32,8 @@ def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndar
   groups = [[i + 1 for i in g] for g in task.groups]
   return priors.group_matrix(groups, task.n + 1, num_heads=cfg.model.num_heads if cfg.prior.per_head else None,
                              inside=cfg.prior.inside, outside=cfg.prior.outside, readers=[0],
-                             member_rows=cfg.prior.token_rows == "group")
+                             member_rows=cfg.prior.token_rows == "group",
+                             spare_heads=cfg.prior.spare_heads)
 
 
 def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str) -> Transformer:

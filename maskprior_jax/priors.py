@@ -46,7 +46,7 @@ def from_matrix(matrix) -> callable:
 def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: int | None = None,
                  inside: float = 0.0, outside: float = -8.0,
                  readers: Sequence[int] = (), self_attend: bool = True,
-                 member_rows: bool = True) -> np.ndarray:
+                 member_rows: bool = True, spare_heads: str = "cycle") -> np.ndarray:
   """Logit bias from groups of interacting positions.
 
   A position attends with logit `inside` to every position of a group that contains it
@@ -82,17 +82,21 @@ def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: in
 
   if num_heads is None:
     return pattern(groups)
+  if spare_heads not in ("cycle", "union"):
+    raise ValueError(f"spare_heads must be cycle or union, not {spare_heads!r}")
   heads = []
   for h in range(num_heads):
     mine = groups[h::num_heads]
-    heads.append(pattern(mine if mine else groups))
+    if not mine:
+      mine = [groups[h % len(groups)]] if spare_heads == "cycle" else groups
+    heads.append(pattern(mine))
   return np.stack(heads)
 
 
 def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
                        outside: float = -8.0, per_head: bool = True,
                        readers: Sequence[int] = (), self_attend: bool = True,
-                       member_rows: bool = True):
+                       member_rows: bool = True, spare_heads: str = "cycle"):
   """Initializer for a "full" or "shared" mask from groups of interacting positions.
 
   per_head=True: one head per group (round-robin when groups outnumber heads); else every
@@ -111,7 +115,7 @@ def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
       raise ValueError(f"interaction_groups: self-attention only, got q_len={q_len}, kv_len={kv_len}")
     m = group_matrix(groups, q_len, num_heads=heads if per_head else None, inside=inside,
                      outside=outside, readers=readers, self_attend=self_attend,
-                     member_rows=member_rows)
+                     member_rows=member_rows, spare_heads=spare_heads)
     return _finish(m, shape, dtype, "interaction_groups")
   return init
 

@@ -13,8 +13,9 @@ def get_config() -> ml_collections.ConfigDict:
                  pos_embedding="learned", pos_where="qk")
   # The mask prior: per head one interaction group (a monomial's variables); the CLS token
   # reads its head's group, a variable token reads its groups (token_rows="group") or only
-  # itself ("self"). Logit `inside` on the pattern, `outside` elsewhere.
-  c.prior = dict(inside=0.0, outside=-8.0, per_head=True, token_rows="group",
+  # itself ("self"). Logit `inside` on the pattern, `outside` elsewhere. With fewer groups than
+  # heads, spare heads repeat a group ("cycle") or take the union ("union").
+  c.prior = dict(inside=0.0, outside=-8.0, per_head=True, token_rows="group", spare_heads="cycle",
                  mode="learned", mask_lr_multiplier=1.0, layers="all")
   c.train = dict(steps=2000, batch_size=64, learning_rate=3e-4, optimizer="adam",
                  weight_decay=0.0, steps_per_call=50)

@@ -1,0 +1,91 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from maskprior_jax import cli
+
+SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
+         "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20"]
+
+
+def _run(args, cwd):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "maskprior_jax.cli", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _snapshot(d):
+  return {p: p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  work = tmp_path_factory.mktemp("run") / "f2"
+  rc = cli.main(["boolean", "--task", "f2", "--methods", "vanilla,mimetic,qk,mask", "--seeds", "2",
+                 "--workdir", str(work), *SHORT])
+  assert rc == 0
+  return work
+
+
+def test_end_to_end_writes_results_table_and_plots(finished_run):
+  res = json.loads((finished_run / "results.json").read_text())
+  assert res["task"] == "f2_2parity" and res["n"] == 15 and res["mdi_unseen_mse_true"] == pytest.approx(16)
+  assert {(r["method"], r["seed"]) for r in res["runs"]} == {(m, s) for m in ("vanilla", "mimetic", "qk", "mask")
+                                                             for s in (0, 1)}
+  for r in res["runs"]:
+    assert len(r["degree_profile"]) == 16
+    assert sum(r["degree_profile"]) > 0
+    assert [p["step"] for p in r["persistence"]] == [0, 50, 100]
+    assert ("mask_drift" in r["persistence"][-1]) == (r["method"] == "mask")
+    for k in ("seen_mse", "unseen_mse_true", "unseen_mse_mdi"):
+      assert r[k] >= 0
+  mask_runs = [r for r in res["runs"] if r["method"] == "mask"]
+  assert all(r["persistence"][0]["mask_drift"] == 0 for r in mask_runs)
+  assert all(r["persistence"][-1]["mask_drift"] > 0 for r in mask_runs)
+  qk_runs = [r for r in res["runs"] if r["method"] == "qk"]
+  vanilla = [r for r in res["runs"] if r["method"] == "vanilla"]
+  # the fitted QK init starts closer to the prior's pattern than vanilla does
+  assert min(sum(r["persistence"][0]["attn_tv"]) for r in vanilla) > max(
+      sum(r["persistence"][0]["attn_tv"]) for r in qk_runs)
+  for name in ("table.md", "unseen_loss.png", "persistence.png", "degree_profiles.png", "mask_drift.png",
+               "metrics.jsonl", "config.json"):
+    assert (finished_run / name).stat().st_size > 0
+  assert "| mask |" in (finished_run / "table.md").read_text()
+
+
+def test_rerun_skips_finished_methods(finished_run, capsys):
+  before = json.loads((finished_run / "results.json").read_text())["runs"]
+  rc = cli.main(["boolean", "--task", "f2", "--methods", "vanilla,mimetic,qk,mask", "--seeds", "2",
+                 "--workdir", str(finished_run), *SHORT])
+  assert rc == 0
+  assert json.loads((finished_run / "results.json").read_text())["runs"] == before
+  assert "already in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--task", "f9"], "unknown task 'f9'"),
+    (["--target", "x0 ** x1", "--seen", "x0 == 1"], "target 'x0 \\*\\* x1'"),
+    (["--target", "x0x1", "--seen", "x0 === 1"], "seen condition"),
+    (["--target", "x0x1"], "needs both --target and --seen"),
+    (["--task", "f2", "--methods", "vanilla,magic"], "unknown method magic"),
+    (["--task", "f2", "--config.train.stepz=10"], "unknown config key 'train.stepz'"),
+    (["--task", "f2", "--config.train.steps=many"], "expected an integer"),
+    (["--task", "f2", "--config.prior.mode=melted"], "prior.mode must be learned or frozen"),
+    (["--task", "f2", "--seeds", "0"], "--seeds must be at least 1"),
+    (["--task", "f2", "--config.train.steps=5000"], "different config"),
+])
+def test_bad_input_is_one_line_and_leaves_the_workdir_alone(finished_run, args, message):
+  before = _snapshot(finished_run)
+  out = _run(["boolean", "--workdir", str(finished_run), "--methods", "vanilla,mimetic,qk,mask", "--seeds", "2",
+              *SHORT, *args] if "--methods" not in args else
+             ["boolean", "--workdir", str(finished_run), "--seeds", "2", *SHORT, *args], finished_run.parent)
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("maskprior: error:"), out.stderr
+  assert "Traceback" not in out.stderr
+  import re
+  assert re.search(message, lines[0]), lines[0]
+  assert _snapshot(finished_run) == before
