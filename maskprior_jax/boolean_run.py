@@ -19,6 +19,7 @@ import numpy as np
 
 from maskprior_jax import boolean, experiment, optim, priors, qk_init
 from maskprior_jax.attention import MASK_PRIOR
+from maskprior_jax.checkpoint import Checkpointer, tree_sha256
 from maskprior_jax.config import ConfigError, config_digest
 from maskprior_jax.models import Transformer
 
@@ -58,11 +59,23 @@ def to_ids(x: np.ndarray) -> np.ndarray:
   return (np.asarray(x) > 0).astype(np.int32)
 
 
-def make_tx(cfg, method):
+def learning_rate(cfg, task_name: str) -> float:
+  """train.learning_rate, unless train.learning_rate_by_task ("task=lr,task=lr") names the task."""
+  for item in filter(None, (i.strip() for i in cfg.train.learning_rate_by_task.split(","))):
+    name, _, value = item.partition("=")
+    try:
+      if boolean.ALIASES.get(name.strip(), name.strip()) == task_name:
+        return float(value)
+    except ValueError:
+      raise ConfigError(f"train.learning_rate_by_task: bad entry {item!r}; use task=lr,task=lr") from None
+  return cfg.train.learning_rate
+
+
+def make_tx(cfg, method, task_name: str = ""):
   t = cfg.train
   if method == "mask" and cfg.prior.mode not in ("learned", "frozen"):
     raise ConfigError(f"prior.mode must be learned or frozen, not {cfg.prior.mode!r}")
-  return optim.mask_prior_optimizer(t.learning_rate, name=t.optimizer, weight_decay=t.weight_decay,
+  return optim.mask_prior_optimizer(learning_rate(cfg, task_name), name=t.optimizer, weight_decay=t.weight_decay,
                                     mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
                                     freeze_mask=cfg.prior.mode == "frozen")
 
@@ -131,7 +144,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       continue
     t_method = experiment.Timer()
     model = build_model(task, cfg, method)
-    tx = make_tx(cfg, method)
+    tx = make_tx(cfg, method, task.name)
     inits = [initial_variables(task, cfg, method, s, model, probe_ids, pattern) for s in seeds]
     variables0 = [v for v, _ in inits]
     init0 = experiment.stack_trees(variables0)
@@ -160,11 +173,14 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
         out["mask_drift"] = experiment.mask_drift(stacked, init0)
       return out
 
+    checkpointer = Checkpointer(workdir / "checkpoints" / method, max_to_keep=cfg.checkpoint.max_to_keep)
     state, history = experiment.train_seeds(
         loss_fn=loss_fn, tx=tx, variables=variables0, seeds=seeds, batch_fn=batch_fn,
         steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_core(v),
-        label=f"{task.name}/{method}")
+        label=f"{task.name}/{method}", checkpointer=checkpointer,
+        checkpoint_every=cfg.checkpoint.every_steps)
+    checkpointer.close()
     experiment.append_jsonl(workdir / "metrics.jsonl", [{"method": method, **h} for h in history])
 
     pred = _predict(model, state.variables, to_ids(test_x))
@@ -178,6 +194,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
              "persistence": [{"step": h["step"], "attn_tv": h["attn_tv"][i],
                               **({"mask_drift": h["mask_drift"][i]} if "mask_drift" in h else {})}
                              for h in history],
+             "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)),
              **{k: v for k, v in inits[i][1].items()}}
       results["runs"].append(run)
     results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}

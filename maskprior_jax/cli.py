@@ -114,11 +114,19 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(rest)
   args.overrides = overrides
   from maskprior_jax.boolean import TaskSpecError
+  from maskprior_jax.checkpoint import Preempted
+  from maskprior_jax.experiment import NonFiniteLoss
   try:
     return args.fn(args)
   except (ConfigError, UsageError, TaskSpecError) as e:
     print(f"maskprior: error: {e}", file=sys.stderr)
     return 2
+  except NonFiniteLoss as e:
+    print(f"maskprior: error: {e}", file=sys.stderr)
+    return 1
+  except Preempted as e:
+    print(f"maskprior: {e}", file=sys.stderr)
+    return 143
   except KeyboardInterrupt:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
           file=sys.stderr)

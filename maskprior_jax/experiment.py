@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -28,45 +29,64 @@ def stack_trees(trees: Sequence[Any]) -> Any:
 def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
                 batch_fn: Callable[[int, Sequence[int]], Any], steps: int, steps_per_call: int,
                 eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
-                log_every: int = 250) -> tuple[train.TrainState, list[dict]]:
+                log_every: int = 250, checkpointer=None,
+                checkpoint_every: int = 0) -> tuple[train.TrainState, list[dict]]:
   """Train one run per seed in a single vmapped program.
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
-  `eval_every` steps and at the end. Returns the final stacked state and the eval history.
+  `eval_every` steps and at the end. With a `checkpointer`, the state and the eval history
+  are saved every `checkpoint_every` steps, at the end and on SIGTERM (then `Preempted` is
+  raised), and a run finds and continues from its latest checkpoint. Returns the final
+  stacked state and the eval history.
   """
-  if eval_every % steps_per_call or steps % steps_per_call:
-    raise ValueError(f"train.steps ({steps}) and eval.every_steps ({eval_every}) must be "
-                     f"multiples of train.steps_per_call ({steps_per_call})")
+  from maskprior_jax import checkpoint as ckpt
+  for name, value in (("eval.every_steps", eval_every), ("train.steps", steps),
+                      ("checkpoint.every_steps", checkpoint_every)):
+    if value % steps_per_call:
+      raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
   states = stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
   step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call)
-  history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
+  done, history = 0, None
+  if checkpointer is not None:
+    restored = checkpointer.restore_latest(jax.device_get(states))
+    if restored is not None:
+      states, record = restored
+      done, history = int(record["step"]), record["history"]
+      print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
+  if history is None:
+    history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
   progress = train.Progress(steps, label=label, every=log_every)
-  done, pending = 0, None
-  while done < steps:
-    chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
-    batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-    states, metrics = step_fn(states, batch)
-    done += steps_per_call
-    if pending is not None:
-      _check_finite(*pending, label)
-    pending = (done, metrics)
-    if done % log_every == 0 or done == steps:
+  progress.last_step = done
+
+  def save(step, wait=False):
+    if checkpointer is not None:
+      checkpointer.save(step, jax.device_get(states), {"step": step, "history": history}, wait=wait)
+
+  with ckpt.SigtermFlag() as sigterm:
+    while done < steps:
+      chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+      batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
+      new_states, metrics = step_fn(states, batch)
+      # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
       loss = np.asarray(jax.device_get(metrics["loss"]))
-      _check_finite(done, metrics, label)
-      progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
-    if done % eval_every == 0 or done == steps:
-      history.append({"step": done, **_host(eval_fn(done, states.variables))})
+      if not np.all(np.isfinite(loss)):
+        raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {done} and "
+                            f"{done + steps_per_call}; last good checkpoint kept. Lower train.learning_rate")
+      states, done = new_states, done + steps_per_call
+      if done % log_every == 0 or done == steps:
+        progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
+      if done % eval_every == 0 or done == steps:
+        history.append({"step": done, **_host(eval_fn(done, states.variables))})
+      if (checkpoint_every and done % checkpoint_every == 0) or done == steps:
+        save(done, wait=done == steps)
+      if sigterm.raised:
+        save(done, wait=True)
+        raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
   return states, history
 
 
 class NonFiniteLoss(RuntimeError):
   pass
-
-
-def _check_finite(step, metrics, label):
-  loss = np.asarray(jax.device_get(metrics["loss"]))
-  if not np.all(np.isfinite(loss)):
-    raise NonFiniteLoss(f"[{label}] loss became non-finite by step {step}; lower train.learning_rate")
 
 
 def _host(d: dict) -> dict:

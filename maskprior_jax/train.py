@@ -23,7 +23,8 @@ LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
 
 @flax.struct.dataclass
 class TrainState:
-  """step: int32 scalar; variables: trainable collections; opt_state; rng: PRNG key."""
+  """step: int32 scalar; variables: trainable collections; opt_state; rng: raw uint32 key data
+  (plain arrays checkpoint everywhere)."""
   step: jax.Array
   variables: dict
   opt_state: Any
@@ -33,7 +34,11 @@ class TrainState:
 def create_state(variables: dict, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
   variables = {k: v for k, v in variables.items() if k != "intermediates"}
   return TrainState(step=jnp.zeros((), jnp.int32), variables=variables,
-                    opt_state=tx.init(variables), rng=rng)
+                    opt_state=tx.init(variables), rng=_key_data(rng))
+
+
+def _key_data(rng):
+  return jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
 
 
 def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
@@ -53,14 +58,14 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None):
   def step(state: TrainState, batch):
-    rng, sub = jax.random.split(state.rng)
+    rng, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.variables, batch, sub)
     if grad_reduce is not None:
       grads, loss, metrics = grad_reduce((grads, loss, metrics))
     updates, opt_state = tx.update(grads, state.opt_state, state.variables)
     variables = optax.apply_updates(state.variables, updates)
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, variables, opt_state, rng), metrics
+    return TrainState(state.step + 1, variables, opt_state, jax.random.key_data(rng)), metrics
   return step
 
 

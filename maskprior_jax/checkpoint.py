@@ -1,0 +1,89 @@
+"""Orbax checkpoints of a training run: the train state (variables incl. the mask prior,
+optimizer state, step, RNG) plus a JSON record (eval history, data position).
+
+Data positions are implied by the step (every batch is a function of seed and step), so a
+restored run continues with the batches it would have seen. Saves are asynchronous; a
+SIGTERM asks the loop to save and stop at the next step boundary. A latest checkpoint that
+cannot be read is skipped, with a warning, for the previous one.
+"""
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import signal
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class Preempted(RuntimeError):
+  """The process got SIGTERM; a checkpoint was written."""
+
+
+class SigtermFlag:
+  """While active, SIGTERM sets `.raised` instead of killing the process."""
+
+  def __init__(self):
+    self.raised = False
+    self._old = None
+
+  def __enter__(self):
+    try:
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: leave signals alone
+      self._old = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.raised = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+class Checkpointer:
+  def __init__(self, directory: pathlib.Path, max_to_keep: int = 2):
+    self.directory = pathlib.Path(directory).absolute()
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+  def save(self, step: int, state: Any, record: dict, *, wait: bool = False) -> None:
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    record=ocp.args.JsonSave(record)), force=True)
+    if wait:
+      self.manager.wait_until_finished()
+
+  def restore_latest(self, abstract_state: Any) -> tuple[Any, dict] | None:
+    """The newest readable checkpoint as (state, record), or None if there is none."""
+    self.manager.wait_until_finished()
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
+        return out.state, out.record
+      except Exception as e:  # a truncated or half-written checkpoint
+        aside = self.directory / f"unreadable_{step}"
+        print(f"warning: checkpoint at step {step} in {self.directory} is unreadable "
+              f"({type(e).__name__}); moved to {aside.name}, trying the previous one", file=sys.stderr)
+        (self.directory / str(step)).rename(aside)
+        self.manager.reload()
+    return None
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def tree_sha256(tree: Any) -> str:
+  """Digest of a pytree's leaves (dtype, shape and bytes, in tree order)."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(jax.device_get(tree)):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(str(a.dtype).encode() + str(a.shape).encode())
+    h.update(a.tobytes())
+  return h.hexdigest()

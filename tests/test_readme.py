@@ -1,0 +1,18 @@
+import pathlib
+import re
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_example_runs_and_trains_the_mask():
+  code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+  scope = {}
+  exec(compile(code, "README.md", "exec"), scope)
+  import jax
+  import maskprior_jax as mp
+  import numpy as np
+  v0 = scope["model"].init(jax.random.key(0), scope["x"])
+  b0 = jax.tree.leaves(v0[mp.MASK_PRIOR])[0]
+  b1 = jax.tree.leaves(scope["variables"][mp.MASK_PRIOR])[0]
+  assert b0.shape == (4, 16, 16)
+  assert not np.array_equal(np.asarray(b0), np.asarray(b1))
