@@ -33,6 +33,11 @@ VARIANTS = {
     "pos_qk_frozen": ["--config.prior.mode=frozen"],
     "pos_none_first": ["--config.model.pos_embedding=none", "--config.prior.layers=first"],
     "pos_none_shared": ["--config.model.pos_embedding=none", "--config.prior.per_head=false"],
+    # a mask that can move: its own, larger learning rate
+    "pos_qk_masklr30": ["--config.prior.mask_lr_multiplier=30.0"],
+    "pos_qk_masklr300": ["--config.prior.mask_lr_multiplier=300.0"],
+    "pos_qk_out4": ["--config.prior.outside=-4.0"],
+    "pos_qk_out2": ["--config.prior.outside=-2.0"],
 }
 
 
@@ -60,9 +65,31 @@ def main():
         seen = [r["seen_mse"] for r in res["runs"] if r["method"] == method]
         row.append(f"{np.mean(ratio):.2f} ± {np.std(ratio):.2f} (seen {np.mean(seen):.1g})")
       rows.append(row)
-      table = experiment.markdown_table(["variant", "method"] + tasks, rows)
-      (root / "explore.md").write_text(table)
-      print(table, flush=True)
+      (root / f"explore_{name}_{method}.md").write_text(experiment.markdown_table(["variant", "method"] + tasks, [row]))
+  table = collect(root, tasks)
+  (root / "explore.md").write_text(table)
+  print(table, flush=True)
+
+
+def collect(root: pathlib.Path, tasks) -> str:
+  """One row per (variant, method) found under root: mean ± std over seeds of unseen MSE / MDI's."""
+  rows = []
+  for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
+    runs = {}
+    for t in tasks:
+      path = vdir / t / "results.json"
+      if path.exists():
+        res = json.loads(path.read_text())
+        for r in res["runs"]:
+          runs.setdefault(r["method"], {}).setdefault(t, []).append(
+              (r["unseen_mse_true"] / res["mdi_unseen_mse_true"], r["seen_mse"]))
+    for method, by_task in sorted(runs.items()):
+      cells = []
+      for t in tasks:
+        v = np.asarray(by_task.get(t, []))
+        cells.append(f"{v[:, 0].mean():.2f} ± {v[:, 0].std():.2f} (seen {v[:, 1].mean():.1g})" if len(v) else "-")
+      rows.append([vdir.name, method, *cells])
+  return experiment.markdown_table(["variant", "method"] + list(tasks), rows)
 
 
 if __name__ == "__main__":

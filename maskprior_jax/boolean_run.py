@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Sequence
 
 import jax
@@ -107,7 +106,6 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   workdir.mkdir(parents=True, exist_ok=True)
   mdi = boolean.minimum_degree_interpolator(task)
   mdi_unseen = boolean.unseen_mse(task, mdi)
-  timer = experiment.Timer()
   results_path = workdir / "results.json"
   digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n], "seeds": list(seeds)})
   results = {"task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
@@ -181,7 +179,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
         label=f"{task.name}/{method}", checkpointer=checkpointer,
         checkpoint_every=cfg.checkpoint.every_steps)
     checkpointer.close()
-    experiment.append_jsonl(workdir / "metrics.jsonl", [{"method": method, **h} for h in history])
+    experiment.write_tensorboard(workdir / "tensorboard" / method, history)
 
     pred = _predict(model, state.variables, to_ids(test_x))
     for i, seed in enumerate(seeds):
@@ -200,6 +198,8 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
     results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
     results["wall_s"][method] = t_method()
     experiment.write_json(results_path, results)
+    experiment.write_jsonl(workdir / "metrics.jsonl", [
+        {"method": m, **{k: c[k][t] for k in c}} for m, c in results["curves"].items() for t in range(len(c["step"]))])
     log(f"[{task.name}] {method}: unseen MSE vs truth "
         f"{experiment.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
         f"(MDI {mdi_unseen:.3g}), {t_method():.0f}s")

@@ -74,6 +74,10 @@ class Checkpointer:
         self.manager.reload()
     return None
 
+  def wait(self):
+    """Block until asynchronous saves are on disk."""
+    self.manager.wait_until_finished()
+
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()

@@ -88,6 +88,42 @@ def cmd_boolean(args) -> int:
   return 0
 
 
+def cmd_report(args) -> int:
+  """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
+  from maskprior_jax import boolean_run
+  found = []
+  for d in args.dirs:
+    d = pathlib.Path(d)
+    if not d.exists():
+      raise UsageError(f"{d} does not exist")
+    found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
+  if not found:
+    raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
+  by_task: dict[str, dict] = {}
+  for path in found:
+    res = json.loads(path.read_text())
+    if res["task"] in by_task:
+      merged = by_task[res["task"]]
+      merged["runs"] += res["runs"]
+      for m, c in res.get("curves", {}).items():
+        merged["curves"].setdefault(m, c)
+    else:
+      by_task[res["task"]] = res
+  order = {name: i for i, name in enumerate(__import__("maskprior_jax.boolean").boolean.TASKS)}
+  results = sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
+  out = pathlib.Path(args.out) if args.out else None
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    for res in results:
+      (out / res["task"]).mkdir(exist_ok=True)
+      boolean_run.write_task_report(res, out / res["task"])
+    boolean_run.write_headline_report(results, out)
+  print(boolean_run.headline_table(results))
+  for res in results:
+    print(boolean_run.task_table(res))
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.")
   sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--config", help="config file (default: the built-in boolean config)")
   b.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
   b.set_defaults(fn=cmd_boolean)
+  r = sub.add_parser("report", help="tables and plots from run folders")
+  r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
+  r.add_argument("--out", help="write summary.md, headline.png and per-task plots here")
+  r.set_defaults(fn=cmd_report)
   return parser
 
 

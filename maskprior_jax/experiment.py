@@ -62,26 +62,30 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
     if checkpointer is not None:
       checkpointer.save(step, jax.device_get(states), {"step": step, "history": history}, wait=wait)
 
-  with ckpt.SigtermFlag() as sigterm:
-    while done < steps:
-      chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
-      batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-      new_states, metrics = step_fn(states, batch)
-      # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
-      loss = np.asarray(jax.device_get(metrics["loss"]))
-      if not np.all(np.isfinite(loss)):
-        raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {done} and "
-                            f"{done + steps_per_call}; last good checkpoint kept. Lower train.learning_rate")
-      states, done = new_states, done + steps_per_call
-      if done % log_every == 0 or done == steps:
-        progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
-      if done % eval_every == 0 or done == steps:
-        history.append({"step": done, **_host(eval_fn(done, states.variables))})
-      if (checkpoint_every and done % checkpoint_every == 0) or done == steps:
-        save(done, wait=done == steps)
-      if sigterm.raised:
-        save(done, wait=True)
-        raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
+  try:
+    with ckpt.SigtermFlag() as sigterm:
+      while done < steps:
+        chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+        batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
+        new_states, metrics = step_fn(states, batch)
+        # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
+        loss = np.asarray(jax.device_get(metrics["loss"]))
+        if not np.all(np.isfinite(loss)):
+          raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {done} and "
+                              f"{done + steps_per_call}; last good checkpoint kept. Lower train.learning_rate")
+        states, done = new_states, done + steps_per_call
+        if done % log_every == 0 or done == steps:
+          progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
+        if done % eval_every == 0 or done == steps:
+          history.append({"step": done, **_host(eval_fn(done, states.variables))})
+        if (checkpoint_every and done % checkpoint_every == 0) or done == steps:
+          save(done, wait=done == steps)
+        if sigterm.raised:
+          save(done, wait=True)
+          raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
+  finally:
+    if checkpointer is not None:
+      checkpointer.wait()  # a pending async save reaches disk whatever ends the loop
   return states, history
 
 
@@ -133,10 +137,28 @@ def environment() -> dict:
           "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
 
 
-def append_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
-  with open(path, "a") as f:
-    for r in rows:
-      f.write(json.dumps(r, default=_json_default) + "\n")
+def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
+  """Rewrite a JSON-lines file atomically (one row per line)."""
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
+  os.replace(tmp, path)
+
+
+def write_tensorboard(logdir: pathlib.Path, history: Sequence[dict], tag_prefix: str = "") -> None:
+  """Eval history as TensorBoard scalars: per-seed mean of every metric (per layer if a vector)."""
+  from tensorboardX import SummaryWriter
+  with SummaryWriter(str(logdir)) as w:
+    for h in history:
+      for k, v in h.items():
+        if k == "step":
+          continue
+        a = np.asarray(v, float)
+        if a.ndim <= 1:
+          w.add_scalar(f"{tag_prefix}{k}", float(a.mean()), h["step"])
+        else:  # (seeds, layers)
+          for layer, value in enumerate(a.mean(0)):
+            w.add_scalar(f"{tag_prefix}{k}/layer_{layer}", float(value), h["step"])
 
 
 def mean_std(values: Sequence[float]) -> str:

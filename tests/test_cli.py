@@ -89,3 +89,21 @@ def test_bad_input_is_one_line_and_leaves_the_workdir_alone(finished_run, args, 
   import re
   assert re.search(message, lines[0]), lines[0]
   assert _snapshot(finished_run) == before
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
+  args = ["boolean", "--task", "f2", "--methods", "vanilla", "--seeds", "1", "--workdir", str(tmp_path),
+          "--config.train.optimizer=sgd", "--config.train.learning_rate=1e4", "--config.train.steps=400",
+          "--config.train.steps_per_call=1", "--config.eval.every_steps=1", "--config.checkpoint.every_steps=1",
+          "--config.eval.num_points=256", "--config.eval.probe_size=16"]
+  out = _run(args, tmp_path)
+  assert out.returncode == 1, out.stderr
+  line = out.stderr.strip().splitlines()[-1]
+  assert "non-finite" in line and "between steps" in line and "Traceback" not in out.stderr
+  assert not (tmp_path / "results.json").exists()
+  import re
+  last_good = int(re.search(r"between steps (\d+) and", line).group(1))
+  ckpt = tmp_path / "checkpoints" / "vanilla"
+  saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
+  assert all(s <= last_good for s in saved)
+  assert last_good >= 1 and saved and saved[-1] == last_good

@@ -1,7 +1,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import maskprior_jax as mp
 from maskprior_jax import priors, train
