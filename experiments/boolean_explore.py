@@ -16,6 +16,10 @@ import numpy as np
 from maskprior_jax import boolean, boolean_run, experiment
 from maskprior_jax.config import apply_overrides, builtin_config
 
+# The exploration started from positions in queries/keys only and outside logit -8; every
+# variant is that base plus its own overrides (the built-in default is now "pos_input_out4").
+BASE = ["--config.model.pos_where=qk", "--config.prior.outside=-8.0", "--config.train.learning_rate=3e-4"]
+
 VARIANTS = {
     "pos_qk_union": ["--config.prior.spare_heads=union"],
     "pos_qk_lr1e-3": ["--config.train.learning_rate=1e-3"],
@@ -38,6 +42,7 @@ VARIANTS = {
     "pos_qk_masklr300": ["--config.prior.mask_lr_multiplier=300.0"],
     "pos_qk_out4": ["--config.prior.outside=-4.0"],
     "pos_qk_out2": ["--config.prior.outside=-2.0"],
+    "pos_input_out4": ["--config.model.pos_where=input", "--config.prior.outside=-4.0"],
 }
 
 
@@ -55,7 +60,7 @@ def main():
   tasks = args.tasks.split(",")
   rows = []
   for name in args.variants.split(","):
-    cfg = apply_overrides(builtin_config("boolean"), VARIANTS[name] + [
+    cfg = apply_overrides(builtin_config("boolean"), BASE + VARIANTS[name] + [
         f"--config.train.steps={args.steps}", "--config.eval.every_steps=500"])
     for method in args.methods.split(","):
       row = [name, method]

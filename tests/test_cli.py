@@ -54,6 +54,12 @@ def test_end_to_end_writes_results_table_and_plots(finished_run):
                "metrics.jsonl", "config.json"):
     assert (finished_run / name).stat().st_size > 0
   assert "| mask |" in (finished_run / "table.md").read_text()
+  assert all(len(r["state_sha256"]) == 64 for r in res["runs"])
+  assert {"jax", "flax", "maskprior_jax", "devices"} <= set(res["environment"])
+  for m in ("vanilla", "mimetic", "qk", "mask"):
+    assert any((finished_run / "tensorboard" / m).glob("events.out.tfevents.*"))
+  rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+  assert len(rows) == 4 * 3 and {r["method"] for r in rows} == {"vanilla", "mimetic", "qk", "mask"}
 
 
 def test_rerun_skips_finished_methods(finished_run, capsys):
