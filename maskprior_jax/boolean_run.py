@@ -25,6 +25,32 @@ from maskprior_jax.models import Transformer
 METHODS = ("vanilla", "mimetic", "qk", "mask")
 
 
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Every value the benchmark reads, checked before any work starts (ConfigError names it)."""
+  choices = {"model.pos_embedding": ("learned", "sinusoidal", "none"), "model.pos_where": ("input", "qk"),
+             "prior.mode": ("learned", "frozen"), "prior.layers": ("all", "first"),
+             "prior.token_rows": ("group", "self"), "prior.spare_heads": ("cycle", "union"),
+             "train.optimizer": ("adam", "adamw", "sgd")}
+  for key, allowed in choices.items():
+    section, name = key.split(".")
+    if cfg[section][name] not in allowed:
+      raise ConfigError(f"{key} must be {' or '.join(allowed)}, not {cfg[section][name]!r}")
+  positive = ["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim", "train.steps",
+              "train.batch_size", "train.steps_per_call", "eval.every_steps", "eval.num_points", "eval.probe_size"]
+  for key in positive:
+    section, name = key.split(".")
+    if cfg[section][name] <= 0:
+      raise ConfigError(f"{key} must be positive, got {cfg[section][name]}")
+  if cfg.train.learning_rate <= 0:
+    raise ConfigError(f"train.learning_rate must be positive, got {cfg.train.learning_rate}")
+  spc = cfg.train.steps_per_call
+  for key, value in (("train.steps", cfg.train.steps), ("eval.every_steps", cfg.eval.every_steps),
+                     ("checkpoint.every_steps", cfg.checkpoint.every_steps)):
+    if value % spc:
+      raise ConfigError(f"{key} ({value}) must be a multiple of train.steps_per_call ({spc})")
+  learning_rate(cfg, "")
+
+
 def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndarray:
   """(heads, n+1, n+1) logit bias from the task's interaction groups; token 0 is CLS."""
   if cfg.prior.token_rows not in ("group", "self"):
@@ -60,14 +86,18 @@ def to_ids(x: np.ndarray) -> np.ndarray:
 
 def learning_rate(cfg, task_name: str) -> float:
   """train.learning_rate, unless train.learning_rate_by_task ("task=lr,task=lr") names the task."""
+  by_task = {}
   for item in filter(None, (i.strip() for i in cfg.train.learning_rate_by_task.split(","))):
-    name, _, value = item.partition("=")
+    name, sep, value = item.partition("=")
+    name = boolean.ALIASES.get(name.strip(), name.strip())
     try:
-      if boolean.ALIASES.get(name.strip(), name.strip()) == task_name:
-        return float(value)
+      if not sep or name not in boolean.TASKS:
+        raise ValueError
+      by_task[name] = float(value)
     except ValueError:
-      raise ConfigError(f"train.learning_rate_by_task: bad entry {item!r}; use task=lr,task=lr") from None
-  return cfg.train.learning_rate
+      raise ConfigError(f"train.learning_rate_by_task: bad entry {item!r}; use task=lr,task=lr with tasks "
+                        f"from {', '.join(boolean.TASKS)}") from None
+  return by_task.get(task_name, cfg.train.learning_rate)
 
 
 def make_tx(cfg, method, task_name: str = ""):

@@ -60,6 +60,7 @@ def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
 def cmd_boolean(args) -> int:
   from maskprior_jax import boolean, boolean_run
   cfg = _config(args, "boolean")
+  boolean_run.validate(cfg)
   methods = _parse_list(args.methods, boolean_run.METHODS, "method")
   seeds = _seeds(args.seeds)
   if args.target or args.seen:

@@ -80,6 +80,8 @@ def test_rerun_skips_finished_methods(finished_run, capsys):
     (["--task", "f2", "--config.train.stepz=10"], "unknown config key 'train.stepz'"),
     (["--task", "f2", "--config.train.steps=many"], "expected an integer"),
     (["--task", "f2", "--config.prior.mode=melted"], "prior.mode must be learned or frozen"),
+    (["--task", "f2", "--config.eval.every_steps=75"], "must be a multiple of train.steps_per_call"),
+    (["--task", "f2", "--config.train.learning_rate_by_task=f2:1e-3"], "bad entry"),
     (["--task", "f2", "--seeds", "0"], "--seeds must be at least 1"),
     (["--task", "f2", "--config.train.steps=5000"], "different config"),
 ])

@@ -1,0 +1,53 @@
+"""Multi-host helpers on JAX's own distributed runtime.
+
+On TPU VMs `jax.distributed.initialize()` finds its peers by itself; elsewhere give the
+coordinator address, the number of processes and this process's id (flags or the
+environment variables MASKPRIOR_COORDINATOR, MASKPRIOR_NUM_PROCESSES, MASKPRIOR_PROCESS_ID).
+Each process loads only its shard of the data (`process_slice`) and the global batch is
+assembled with `jax.make_array_from_process_local_data`; only process 0 writes files.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from maskprior_jax import train
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """Start the distributed runtime when this is one of several processes (no-op otherwise)."""
+  coordinator = coordinator or os.environ.get("MASKPRIOR_COORDINATOR")
+  if num_processes is None and "MASKPRIOR_NUM_PROCESSES" in os.environ:
+    num_processes = int(os.environ["MASKPRIOR_NUM_PROCESSES"])
+  if process_id is None and "MASKPRIOR_PROCESS_ID" in os.environ:
+    process_id = int(os.environ["MASKPRIOR_PROCESS_ID"])
+  if coordinator:
+    # CPU processes need a collectives backend for cross-process all-reduce.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize()
+
+
+def is_main_process() -> bool:
+  return jax.process_index() == 0
+
+
+def process_slice(global_batch_size: int) -> slice:
+  """This process's rows of a global batch (processes hold equal, contiguous shares)."""
+  n = jax.process_count()
+  if global_batch_size % n:
+    raise ValueError(f"global batch {global_batch_size} is not divisible by {n} processes")
+  per = global_batch_size // n
+  return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+
+
+def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
+  """Assemble per-process rows into one global array per leaf, sharded over "data"."""
+  sharding = train.batch_sharding(mesh, batch_axis)
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)

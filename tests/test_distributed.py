@@ -1,0 +1,38 @@
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices):
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
+def test_two_processes_agree_with_one(tmp_path):
+  ref = tmp_path / "ref.json"
+  subprocess.run([sys.executable, str(WORKER), str(ref)], env=_env(4), check=True, timeout=300,
+                 capture_output=True)
+  out = tmp_path / "two.json"
+  coord = f"127.0.0.1:{_free_port()}"
+  procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), coord, "2", str(i)], env=_env(2),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-2000:]
+  a, b = json.loads(ref.read_text()), json.loads(out.read_text())
+  assert a["processes"] == 1 and b["processes"] == 2 and a["devices"] == b["devices"] == 4
+  np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5)
+  for x, y in zip(a["leaves"], b["leaves"]):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
