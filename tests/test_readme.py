@@ -16,3 +16,13 @@ def test_readme_example_runs_and_trains_the_mask():
   b1 = jax.tree.leaves(scope["variables"][mp.MASK_PRIOR])[0]
   assert b0.shape == (4, 16, 16)
   assert not np.array_equal(np.asarray(b0), np.asarray(b1))
+
+
+def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
+  from maskprior_jax import cli
+  assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
+  out = capsys.readouterr().out
+  tables = out.split("\n\n")[:2]
+  text = README.read_text()
+  for table in tables:
+    assert table.strip() and table.strip() in text
