@@ -96,7 +96,7 @@ def expand_mask(stored: jax.Array, kind: str, num_heads: int, q_len: int, kv_len
   raise ValueError(f"unknown mask_kind {kind!r}")
 
 
-def _attention_weights(query, key, bias, mask, dtype):
+def _attention_weights(query, key, bias, mask):
   """softmax(q.k/sqrt(d) + bias) with hard mask; (batch, heads, q, kv) in float32."""
   depth = query.shape[-1]
   logits = jnp.einsum("...qhd,...khd->...hqk", query, key).astype(jnp.float32)
@@ -187,7 +187,7 @@ class MaskPriorAttention(nn.Module):
     compute_dtype = self.dtype or query.dtype
     if self.sow_weights or self.is_mutable_collection("intermediates"):
       # Explicit path: the attention weights are needed (persistence measurements).
-      weights = _attention_weights(query, key, total_bias, mask, compute_dtype)
+      weights = _attention_weights(query, key, total_bias, mask)
       self.sow("intermediates", ATTENTION_WEIGHTS, weights)
       out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value)
     else:

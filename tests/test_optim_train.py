@@ -144,3 +144,24 @@ def test_seed_vmap_and_scan_equal_sequential_runs():
   for i, seq in enumerate(sequential):
     for a, b in zip(jax.tree.leaves(seq.variables), jax.tree.leaves(stacked.variables)):
       np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-6)
+
+
+def test_run_steps_reports_every_step_and_eval_step_shards():
+  model = _model()
+  tx = mp.mask_prior_optimizer(0.1, name="sgd")
+  batches = [_batch(i, 32) for i in range(6)]
+  mesh = train.data_mesh()
+  step = train.make_train_step(_loss_fn(model), tx, mesh=mesh, donate=False)
+  expected = jax.device_put(_state(model, tx), train.replicated(mesh))
+  for b in batches:  # the same compiled step, called by hand
+    expected, _ = step(expected, b)
+  state = jax.device_put(_state(model, tx), train.replicated(mesh))
+  seen = []
+  state = train.run_steps(step, state, iter(batches), 6, on_metrics=lambda s, m: seen.append((s, float(m["loss"]))),
+                          progress=train.Progress(6, every=3, enabled=False))
+  assert [s for s, _ in seen] == [1, 2, 3, 4, 5, 6] and all(np.isfinite(v) for _, v in seen)
+  for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  eval_step = train.make_eval_step(lambda v, b: _loss_fn(model)(v, b, None)[0], mesh=mesh)
+  single = _loss_fn(model)(jax.device_get(state.variables), batches[0], None)[0]
+  np.testing.assert_allclose(eval_step(state.variables, batches[0]), single, rtol=1e-5)
