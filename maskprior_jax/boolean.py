@@ -15,6 +15,7 @@ degree profile, and the minimum-degree interpolator (MDI) of the seen domain.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from typing import Callable
@@ -206,9 +207,13 @@ class Task:
   target: str
   seen: str
 
-  @property
+  @functools.cached_property
   def expr(self) -> Expr:
     return parse_target(self.target)
+
+  @functools.cached_property
+  def _condition(self):
+    return parse_condition(self.seen)
 
   @property
   def groups(self) -> tuple[tuple[int, ...], ...]:
@@ -224,10 +229,10 @@ class Task:
     return self.expr.evaluate(x)
 
   def is_seen(self, x: np.ndarray) -> np.ndarray:
-    return parse_condition(self.seen)[0](x)
+    return self._condition[0](x)
 
   def relevant(self) -> tuple[int, ...]:
-    return tuple(sorted(self.expr.variables | parse_condition(self.seen)[1]))
+    return tuple(sorted(self.expr.variables | self._condition[1]))
 
 
 def _cyclic(n: int) -> str:
@@ -263,10 +268,10 @@ def custom_task(target: str, seen: str, n: int | None = None, name: str = "custo
   if n < needed:
     raise TaskSpecError(f"--n {n} is too small: the spec uses x{needed - 1}")
   task = Task(name, n, target, seen)
-  cube = task_cube(task, max_n=20)
-  if cube is not None and not task.is_seen(cube).any():
+  seen_mask = task.is_seen(_relevant_points(task)[1])
+  if not seen_mask.any():
     raise TaskSpecError(f"seen condition {seen!r} holds nowhere on the cube")
-  if cube is not None and task.is_seen(cube).all():
+  if seen_mask.all():
     raise TaskSpecError(f"seen condition {seen!r} holds everywhere: there is no unseen domain")
   return task
 
@@ -278,8 +283,14 @@ def cube(n: int) -> np.ndarray:
   return (1 - 2 * ((p >> np.arange(n)) & 1)).astype(np.int8)
 
 
-def task_cube(task: Task, max_n: int = 20) -> np.ndarray | None:
-  return cube(task.n) if task.n <= max_n else None
+def _relevant_points(task: Task) -> tuple[np.ndarray, np.ndarray]:
+  """The cube over the task's relevant variables, (2^k, k), and the same points embedded in
+  n dimensions with every other variable at +1; f and the seen condition only read the former."""
+  rel = task.relevant()
+  xr = cube(len(rel))
+  full = np.ones((xr.shape[0], task.n), np.int8)
+  full[:, list(rel)] = xr
+  return xr, full
 
 
 def seen_points(task: Task, rng: np.random.Generator, max_enumerate: int = 20,
@@ -360,9 +371,7 @@ def minimum_degree_interpolator(task: Task, tol: float = 1e-9) -> Interpolator:
   k = len(rel)
   if k > 20:
     raise ValueError(f"MDI over {k} relevant variables is too large to enumerate")
-  xr = cube(k)
-  full = np.zeros((xr.shape[0], task.n), np.int8)
-  full[:, list(rel)] = xr
+  xr, full = _relevant_points(task)
   fvals, seen = task.f(full), task.is_seen(full)
   coeffs = walsh_coefficients(fvals)
   sizes = np.array([bin(s).count("1") for s in range(2 ** k)])
@@ -394,9 +403,6 @@ def minimum_degree_interpolator(task: Task, tol: float = 1e-9) -> Interpolator:
 
 def unseen_mse(task: Task, g: Callable[[np.ndarray], np.ndarray]) -> float:
   """Mean over unseen points of (g - f)^2, over the relevant variables' cube."""
-  rel = task.relevant()
-  xr = cube(len(rel))
-  full = np.zeros((xr.shape[0], task.n), np.int8)
-  full[:, list(rel)] = xr
+  _, full = _relevant_points(task)
   unseen = ~task.is_seen(full)
   return float(np.mean((g(full[unseen]) - task.f(full[unseen])) ** 2))

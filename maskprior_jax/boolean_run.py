@@ -53,8 +53,6 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
 def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndarray:
   """(heads, n+1, n+1) logit bias from the task's interaction groups; token 0 is CLS."""
-  if cfg.prior.token_rows not in ("group", "self"):
-    raise ConfigError(f"prior.token_rows must be group or self, not {cfg.prior.token_rows!r}")
   groups = [[i + 1 for i in g] for g in task.groups]
   return priors.group_matrix(groups, task.n + 1, num_heads=cfg.model.num_heads if cfg.prior.per_head else None,
                              inside=cfg.prior.inside, outside=cfg.prior.outside, readers=[0],
@@ -67,12 +65,7 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
   if method == "mask":
     pattern = prior_pattern(task, cfg)
     init = priors.from_matrix(pattern)
-    if cfg.prior.layers == "all":
-      mask_init = init
-    elif cfg.prior.layers == "first":
-      mask_init = [init] + [None] * (cfg.model.depth - 1)
-    else:
-      raise ConfigError(f"prior.layers must be all or first, not {cfg.prior.layers!r}")
+    mask_init = init if cfg.prior.layers == "all" else [init] + [None] * (cfg.model.depth - 1)
   m = cfg.model
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
                      mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=m.pos_embedding,
@@ -100,10 +93,8 @@ def learning_rate(cfg, task_name: str) -> float:
   return by_task.get(task_name, cfg.train.learning_rate)
 
 
-def make_tx(cfg, method, task_name: str = ""):
+def make_tx(cfg, task_name: str = ""):
   t = cfg.train
-  if method == "mask" and cfg.prior.mode not in ("learned", "frozen"):
-    raise ConfigError(f"prior.mode must be learned or frozen, not {cfg.prior.mode!r}")
   return optim.mask_prior_optimizer(learning_rate(cfg, task_name), name=t.optimizer, weight_decay=t.weight_decay,
                                     mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
                                     freeze_mask=cfg.prior.mode == "frozen")
@@ -132,6 +123,7 @@ def _predict(model, stacked, ids, chunk=8192):
 
 def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequence[str],
              seeds: Sequence[int], workdir: pathlib.Path, log=print) -> dict:
+  validate(cfg)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   mdi = boolean.minimum_degree_interpolator(task)
@@ -151,6 +143,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   rng = np.random.default_rng(0)
   seen_x = boolean.seen_points(task, rng)
   seen_ids = to_ids(seen_x)
+  seen_f = task.f(seen_x).astype(np.float32)
   full = task.n <= cfg.eval.full_cube_max_n
   test_x = boolean.cube(task.n) if full else (1 - 2 * rng.integers(0, 2, (1 << 16, task.n))).astype(np.int8)
   test_seen = task.is_seen(test_x)
@@ -172,7 +165,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       continue
     t_method = experiment.Timer()
     model = build_model(task, cfg, method)
-    tx = make_tx(cfg, method, task.name)
+    tx = make_tx(cfg, task.name)
     inits = [initial_variables(task, cfg, method, s, model, probe_ids, pattern) for s in seeds]
     variables0 = [v for v, _ in inits]
     init0 = experiment.stack_trees(variables0)
@@ -183,7 +176,6 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       return jnp.mean((pred - batch["y"]) ** 2), {}
 
     bs = cfg.train.batch_size
-    seen_f = task.f(seen_x).astype(np.float32)
 
     def batch_fn(step, seeds):
       idx = np.stack([np.random.default_rng([s, step]).integers(0, len(seen_ids), bs) for s in seeds])

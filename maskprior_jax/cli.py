@@ -91,7 +91,7 @@ def cmd_boolean(args) -> int:
 
 def cmd_report(args) -> int:
   """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
-  from maskprior_jax import boolean_run
+  from maskprior_jax import boolean, boolean_run
   found = []
   for d in args.dirs:
     d = pathlib.Path(d)
@@ -110,7 +110,7 @@ def cmd_report(args) -> int:
         merged["curves"].setdefault(m, c)
     else:
       by_task[res["task"]] = res
-  order = {name: i for i, name in enumerate(__import__("maskprior_jax.boolean").boolean.TASKS)}
+  order = {name: i for i, name in enumerate(boolean.TASKS)}
   results = sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
   out = pathlib.Path(args.out) if args.out else None
   if out is not None:
