@@ -16,13 +16,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maskprior_jax import boolean, experiment, optim, priors, qk_init
-from maskprior_jax.attention import MASK_PRIOR
-from maskprior_jax.checkpoint import Checkpointer, tree_sha256
+from maskprior_jax import boolean, experiment, optim, priors
+from maskprior_jax.checkpoint import tree_sha256
 from maskprior_jax.config import ConfigError, config_digest
 from maskprior_jax.models import Transformer
 
-METHODS = ("vanilla", "mimetic", "qk", "mask")
+METHODS = experiment.METHODS
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -100,22 +99,6 @@ def make_tx(cfg, task_name: str = ""):
                                     freeze_mask=cfg.prior.mode == "frozen")
 
 
-def initial_variables(task, cfg, method, seed, model, probe_ids, pattern):
-  variables = model.init(jax.random.key(seed), jnp.zeros((1, task.n), jnp.int32))
-  info = {}
-  if method == "mimetic":
-    m = cfg.mimetic
-    variables = {**variables, "params": qk_init.mimetic(
-        variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
-        alpha_v=m.alpha_v, beta_v=m.beta_v)}
-  elif method == "qk":
-    target = jax.nn.softmax(jnp.asarray(pattern), axis=-1)
-    variables, tv = qk_init.fit_qk(model.apply, variables, probe_ids, target,
-                                   steps=cfg.qk.fit_steps, learning_rate=cfg.qk.fit_learning_rate)
-    info["qk_fit_tv"] = tv
-  return variables, info
-
-
 def _predict(model, stacked, ids, chunk=8192):
   fn = jax.jit(jax.vmap(lambda v, x: model.apply(v, x), in_axes=(0, None)))
   return np.concatenate([np.asarray(fn(stacked, ids[i:i + chunk])) for i in range(0, len(ids), chunk)], 1)
@@ -165,42 +148,29 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       continue
     t_method = experiment.Timer()
     model = build_model(task, cfg, method)
-    tx = make_tx(cfg, task.name)
-    inits = [initial_variables(task, cfg, method, s, model, probe_ids, pattern) for s in seeds]
-    variables0 = [v for v, _ in inits]
-    init0 = experiment.stack_trees(variables0)
+    bs = cfg.train.batch_size
 
     def loss_fn(v, batch, rng):
       del rng
       pred = model.apply(v, batch["x"])
       return jnp.mean((pred - batch["y"]) ** 2), {}
 
-    bs = cfg.train.batch_size
-
     def batch_fn(step, seeds):
       idx = np.stack([np.random.default_rng([s, step]).integers(0, len(seen_ids), bs) for s in seeds])
       return {"x": seen_ids[idx], "y": seen_f[idx]}
 
-    @jax.jit
-    def eval_core(stacked):
-      pred = jax.vmap(lambda v: model.apply(v, ev_ids))(stacked)
-      maps = jax.vmap(lambda v: jnp.stack(qk_init.attention_maps(model.apply, v, probe_ids)))(stacked)
-      tv = experiment.total_variation(maps, target_attn)          # (seeds, layers)
+    def metrics_fn(v, data):
+      del data
+      pred = model.apply(v, ev_ids)
       err_t, err_m = (pred - ev_f) ** 2, (pred - ev_mdi) ** 2
-      out = {"unseen_mse_true": err_t[:, ev_unseen].mean(1), "unseen_mse_mdi": err_m[:, ev_unseen].mean(1),
-             "seen_mse": err_t[:, ~ev_unseen].mean(1), "attn_tv": tv}
-      if MASK_PRIOR in stacked:
-        out["mask_drift"] = experiment.mask_drift(stacked, init0)
-      return out
+      return {"unseen_mse_true": err_t[ev_unseen].mean(), "unseen_mse_mdi": err_m[ev_unseen].mean(),
+              "seen_mse": err_t[~ev_unseen].mean()}
 
-    checkpointer = Checkpointer(workdir / "checkpoints" / method, max_to_keep=cfg.checkpoint.max_to_keep)
-    state, history = experiment.train_seeds(
-        loss_fn=loss_fn, tx=tx, variables=variables0, seeds=seeds, batch_fn=batch_fn,
-        steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
-        eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_core(v),
-        label=f"{task.name}/{method}", checkpointer=checkpointer,
-        checkpoint_every=cfg.checkpoint.every_steps)
-    checkpointer.close()
+    state, history, infos, _ = experiment.train_method(
+        method=method, model=model, tx=make_tx(cfg, task.name), cfg=cfg, seeds=seeds,
+        sample_input=jnp.zeros((1, task.n), jnp.int32), probe_input=probe_ids, target_attn=target_attn,
+        loss_fn=loss_fn, batch_fn=batch_fn, metrics_fn=metrics_fn, label=f"{task.name}/{method}",
+        checkpoint_dir=workdir / "checkpoints" / method)
     experiment.write_tensorboard(workdir / "tensorboard" / method, history)
 
     pred = _predict(model, state.variables, to_ids(test_x))
@@ -215,7 +185,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
                               **({"mask_drift": h["mask_drift"][i]} if "mask_drift" in h else {})}
                              for h in history],
              "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)),
-             **{k: v for k, v in inits[i][1].items()}}
+             **infos[i]}
       results["runs"].append(run)
     results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
     results["wall_s"][method] = t_method()

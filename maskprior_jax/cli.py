@@ -44,6 +44,7 @@ def _config(args, name: str):
 def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
   """A workdir that holds a run of a different config is an error unless --fresh."""
   cfg_path = workdir / "run_config.json"
+  cfg = json.loads(json.dumps(cfg, sort_keys=True))  # as stored: tuples become lists
   if cfg_path.exists() and not fresh:
     old = json.loads(cfg_path.read_text())
     if old != cfg:
@@ -89,6 +90,38 @@ def cmd_boolean(args) -> int:
   return 0
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+  try:
+    sizes = tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise UsageError(f"--train-sizes must be comma-separated integers, not {text!r}") from None
+  if not sizes or min(sizes) <= 0:
+    raise UsageError(f"--train-sizes must be positive integers, not {text!r}")
+  return sizes
+
+
+def cmd_arithmetic(args) -> int:
+  from maskprior_jax import arithmetic_run
+  cfg = _config(args, "arithmetic")
+  with cfg.unlocked():
+    if args.task:
+      cfg.task.name = args.task
+    if args.digits is not None:
+      cfg.task.digits = args.digits
+    if args.train_sizes:
+      cfg.task.train_sizes = _sizes(args.train_sizes)
+  arithmetic_run.validate(cfg)
+  methods = _parse_list(args.methods, arithmetic_run.METHODS, "method")
+  seeds = _seeds(args.seeds)
+  workdir = pathlib.Path(args.workdir)
+  _check_workdir(workdir, {"command": "arithmetic", "config": cfg.to_dict(), "methods": methods, "seeds": seeds},
+                 args.fresh)
+  res = arithmetic_run.run(cfg, methods, seeds, workdir)
+  print(arithmetic_run.table(res))
+  print(f"results in {workdir}")
+  return 0
+
+
 def cmd_report(args) -> int:
   """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
   from maskprior_jax import boolean, boolean_run
@@ -125,6 +158,14 @@ def cmd_report(args) -> int:
   return 0
 
 
+def _common(p: argparse.ArgumentParser, workdir: str) -> None:
+  p.add_argument("--methods", default="vanilla,mimetic,qk,mask")
+  p.add_argument("--seeds", default="3", help="number of seeds (0..K-1)")
+  p.add_argument("--workdir", default=workdir)
+  p.add_argument("--config", help="config file (default: the built-in config of this benchmark)")
+  p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.")
   sub = parser.add_subparsers(dest="command", required=True)
@@ -134,12 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--target", help='custom target, e.g. "x0x1x2 + x1x2"')
   b.add_argument("--seen", help='custom seen domain, e.g. "x0 == 1"')
   b.add_argument("--n", type=int, help="dimension of a custom task (default: largest variable + 1)")
-  b.add_argument("--methods", default="vanilla,mimetic,qk,mask")
-  b.add_argument("--seeds", default="3")
-  b.add_argument("--workdir", default="runs/boolean")
-  b.add_argument("--config", help="config file (default: the built-in boolean config)")
-  b.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
+  _common(b, "runs/boolean")
   b.set_defaults(fn=cmd_boolean)
+  a = sub.add_parser("arithmetic", help="low-data arithmetic benchmark (addition, modular addition)")
+  a.add_argument("--task", choices=("add", "modadd"), help="default: the config's (add)")
+  a.add_argument("--digits", type=int, help="operand digits for add (default 3)")
+  a.add_argument("--train-sizes", help="comma-separated training-set sizes (default 250,500,1000,2000,5000)")
+  _common(a, "runs/arithmetic")
+  a.set_defaults(fn=cmd_arithmetic)
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here")
@@ -154,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(rest)
   args.overrides = overrides
+  from maskprior_jax.arithmetic import DataError
   from maskprior_jax.boolean import TaskSpecError
   from maskprior_jax.checkpoint import Preempted
   from maskprior_jax.experiment import NonFiniteLoss
   try:
     return args.fn(args)
-  except (ConfigError, UsageError, TaskSpecError) as e:
+  except (ConfigError, UsageError, TaskSpecError, DataError) as e:
     print(f"maskprior: error: {e}", file=sys.stderr)
     return 2
   except NonFiniteLoss as e:

@@ -95,3 +95,29 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
 def config_digest(config: ml_collections.ConfigDict | dict) -> str:
   d = config.to_dict() if hasattr(config, "to_dict") else config
   return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _get(cfg, key: str):
+  node = cfg
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
+def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=(),
+          multiples_of_steps_per_call=("train.steps", "eval.every_steps", "checkpoint.every_steps")) -> None:
+  """The checks every benchmark's config needs, each failure one ConfigError naming the key:
+  `choices` {key: allowed values}, `positive` keys (> 0), and step counts that must be
+  multiples of train.steps_per_call."""
+  for key, allowed in (choices or {}).items():
+    if _get(cfg, key) not in allowed:
+      raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
+  for key in positive:
+    if not _get(cfg, key) > 0:
+      raise ConfigError(f"{key} must be positive, got {_get(cfg, key)}")
+  spc = cfg.train.steps_per_call
+  if spc <= 0:
+    raise ConfigError(f"train.steps_per_call must be positive, got {spc}")
+  for key in multiples_of_steps_per_call:
+    if _get(cfg, key) % spc:
+      raise ConfigError(f"{key} ({_get(cfg, key)}) must be a multiple of train.steps_per_call ({spc})")

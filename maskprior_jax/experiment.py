@@ -205,3 +205,85 @@ class Timer:
 
   def __call__(self) -> float:
     return time.perf_counter() - self.t0
+
+
+# ----------------------------------------------------------------------------- methods
+METHODS = ("vanilla", "mimetic", "qk", "mask")
+
+
+def initial_variables(method: str, model, sample_input, seed: int, cfg, *, probe_input=None,
+                      target_attn=None) -> tuple[dict, dict]:
+  """One run's starting variables for a method: `model.init`, then for "mimetic" the
+  mimetic QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the initial
+  attention on `probe_input` matches `target_attn` (cfg.qk). "vanilla" and "mask" differ only
+  in the model (the mask model carries its prior). Returns (variables, info)."""
+  from maskprior_jax import qk_init
+  variables = model.init(jax.random.key(seed), sample_input)
+  info = {}
+  if method == "mimetic":
+    m = cfg.mimetic
+    variables = {**variables, "params": qk_init.mimetic(
+        variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
+        alpha_v=m.alpha_v, beta_v=m.beta_v)}
+  elif method == "qk":
+    variables, tv = qk_init.fit_qk(model.apply, variables, probe_input, target_attn,
+                                   steps=cfg.qk.fit_steps, learning_rate=cfg.qk.fit_learning_rate)
+    info["qk_fit_tv"] = tv
+  return variables, info
+
+
+def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_input, probe_input,
+                 target_attn, loss_fn, batch_fn, metrics_fn, label: str, checkpoint_dir=None,
+                 run_data=None, attn_rows=None, run_ids: Sequence[int] | None = None):
+  """Train one method for every seed in one vmapped program, with the persistence measurements.
+
+  Shared by every benchmark. The benchmark supplies the model (with its prior for "mask"),
+  the loss, `batch_fn(step, run_ids)`, and `metrics_fn(variables, data) -> dict of scalars`
+  for one run (`data` is that run's slice of `run_data`, or None). Every cfg.eval.every_steps
+  the history records those metrics per run, plus `attn_tv`: each layer's mean total-variation
+  distance between attention rows on `probe_input` and `target_attn` (heads, q, kv) (only
+  rows `attn_rows` if given), and for a model with a prior `mask_drift` ||B_t-B_0||/||B_0||.
+  `run_ids` (default: the seeds) index runs for `batch_fn` when runs differ by more than the
+  seed; the seeds give each run its initialization.
+  Returns (final stacked state, history, per-run init info, stacked initial variables).
+  """
+  from maskprior_jax import qk_init
+  from maskprior_jax.checkpoint import Checkpointer
+  inits = [initial_variables(method, model, sample_input, s, cfg, probe_input=probe_input,
+                             target_attn=target_attn) for s in seeds]
+  variables0 = [v for v, _ in inits]
+  init0 = stack_trees(variables0)
+  target_attn = jnp.asarray(target_attn)
+  rows = slice(None) if attn_rows is None else np.asarray(attn_rows)
+
+  def eval_one(v, data):
+    out = dict(metrics_fn(v, data))
+    maps = jnp.stack(qk_init.attention_maps(model.apply, v, probe_input))   # (layers, B, H, q, kv)
+    out["attn_tv"] = total_variation(maps[..., rows, :], target_attn[..., rows, :])
+    return out
+
+  @jax.jit
+  def eval_all(stacked, data):
+    out = jax.vmap(eval_one, in_axes=(0, None if data is None else 0))(stacked, data)
+    if MASK_PRIOR in stacked:
+      out["mask_drift"] = mask_drift(stacked, init0)
+    return out
+
+  checkpointer = None
+  if checkpoint_dir is not None:
+    checkpointer = Checkpointer(checkpoint_dir, max_to_keep=cfg.checkpoint.max_to_keep)
+  try:
+    state, history = train_seeds(
+        loss_fn=loss_fn, tx=tx, variables=variables0, seeds=list(run_ids if run_ids is not None else seeds),
+        batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
+        eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_all(v, run_data), label=label,
+        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps)
+  finally:
+    if checkpointer is not None:
+      checkpointer.close()
+  return state, history, [i for _, i in inits], init0
+
+
+def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:
+  """Run i's slice of an eval history: [{"step", key: value, ...}, ...]."""
+  return [{"step": h["step"], **{k: h[k][i] for k in keys if k in h}} for h in history]

@@ -1,0 +1,260 @@
+"""The low-data arithmetic benchmark: for each method, train one causal decoder per
+(training-set size, seed) in one vmapped program, then measure test exact match, digit
+accuracy, steps to 99% train exact match, and persistence of the prior.
+
+Writes into `workdir`: config.json, metrics.jsonl, results.json, table.md, PNG plots,
+checkpoints/. Each method's results are written as soon as it finishes; rerunning the same
+command skips finished methods and resumes an interrupted one from its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from maskprior_jax import arithmetic, experiment, optim, priors
+from maskprior_jax.checkpoint import tree_sha256
+from maskprior_jax.config import ConfigError, check, config_digest
+from maskprior_jax.models import Transformer
+
+METHODS = experiment.METHODS
+
+
+def task_from_config(cfg) -> arithmetic.ArithmeticTask:
+  t = cfg.task
+  try:
+    return arithmetic.ArithmeticTask(t.name, t.digits, t.modulus, t.reverse)
+  except arithmetic.DataError as e:
+    raise ConfigError(str(e)) from None
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  check(cfg, choices={"task.name": arithmetic.TASKS, "prior.mode": ("learned", "frozen"),
+                      "train.optimizer": ("adam", "adamw", "sgd"),
+                      "model.pos_embedding": ("learned", "sinusoidal", "none")},
+        positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim",
+                  "train.steps", "train.batch_size", "train.learning_rate", "eval.every_steps",
+                  "eval.train_eval_size", "eval.probe_size", "task.test_size"])
+  task = task_from_config(cfg)
+  sizes = cfg.task.train_sizes
+  if not sizes or any(not isinstance(s, int) or s <= 0 for s in sizes):
+    raise ConfigError(f"task.train_sizes must be positive integers, got {sizes!r}")
+  if max(sizes) + cfg.task.test_size > task.base ** 2:
+    raise ConfigError(f"{task.name} has {task.base ** 2} distinct pairs: training size {max(sizes)} "
+                      f"plus test size {cfg.task.test_size} do not fit")
+
+
+def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transformer:
+  m = cfg.model
+  mask_init = None
+  if method == "mask":
+    mask_init = priors.from_matrix(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside))
+  return Transformer(vocab_size=task.vocab_size, dim=m.dim, depth=m.depth, num_heads=m.num_heads,
+                     head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=task.input_len, causal=True,
+                     pos_embedding=m.pos_embedding, pooling="none", head="lm",
+                     num_outputs=task.vocab_size, mask_init=mask_init)
+
+
+def make_tx(cfg):
+  t = cfg.train
+  return optim.mask_prior_optimizer(t.learning_rate, name=t.optimizer, weight_decay=t.weight_decay,
+                                    mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
+                                    freeze_mask=cfg.prior.mode == "frozen")
+
+
+def target_attention(task, cfg) -> np.ndarray:
+  """softmax over the causal past of the prior's pattern: (input_len, input_len)."""
+  pattern = task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside)
+  causal = np.tril(np.ones_like(pattern, bool))
+  return np.asarray(jax.nn.softmax(jnp.where(causal, pattern, -jnp.inf), axis=-1))
+
+
+def greedy_answers(model, variables, inputs: np.ndarray, task) -> jax.Array:
+  """Greedy decoding of the answer tokens from the prompt (the answer tokens in `inputs` are
+  overwritten step by step); (N, answer_len)."""
+  rows = task.answer_rows
+  x = jnp.asarray(inputs)
+  preds = []
+  for k, row in enumerate(rows):
+    tok = jnp.argmax(model.apply(variables, x)[:, row], -1).astype(jnp.int32)
+    preds.append(tok)
+    if k + 1 < len(rows):
+      x = x.at[:, row + 1].set(tok)
+  return jnp.stack(preds, 1)
+
+
+def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int],
+        workdir: pathlib.Path, log=print) -> dict:
+  validate(cfg)
+  task = task_from_config(cfg)
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  sizes = sorted(cfg.task.train_sizes)
+  splits = arithmetic.make_splits(task, max(sizes), seeds, test_size=cfg.task.test_size,
+                                  data_seed=cfg.task.data_seed)
+  test_x, test_y = task.encode(splits.test_a, splits.test_b)
+  rows = task.answer_rows
+  # One run per (training size, seed); run i trains on the first sizes[i] pairs of its seed.
+  runs = [(n, s) for n in sizes for s in seeds]
+  train_xy = {s: task.encode(splits.train_a[s], splits.train_b[s]) for s in seeds}
+  n_eval = min(cfg.eval.train_eval_size, min(sizes))
+  run_data = {"x": np.stack([train_xy[s][0][:n_eval] for _, s in runs]),
+              "y": np.stack([train_xy[s][1][:n_eval] for _, s in runs])}
+  probe = test_x[:cfg.eval.probe_size]
+  target_attn = target_attention(task, cfg)
+
+  results_path = workdir / "results.json"
+  digest = config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)})
+  results = {"benchmark": "arithmetic", "task": task.name, "digits": task.digits, "modulus": task.modulus,
+             "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
+             "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist(),
+             "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
+             "environment": experiment.environment()}
+  if results_path.exists():
+    old = json.loads(results_path.read_text())
+    if old.get("config_digest") == digest:
+      results = old
+  experiment.write_json(workdir / "config.json", cfg.to_dict())
+  bs = cfg.train.batch_size
+
+  def batch_fn(step, run_ids):
+    xs, ys = [], []
+    for r in run_ids:
+      n, s = runs[r]
+      idx = np.random.default_rng([s, n, step]).integers(0, n, bs)
+      xs.append(train_xy[s][0][idx])
+      ys.append(train_xy[s][1][idx])
+    return {"x": np.stack(xs), "y": np.stack(ys)}
+
+  for method in methods:
+    if any(r["method"] == method for r in results["runs"]):
+      log(f"[{task.name}] {method}: already in {results_path}, skipped")
+      continue
+    t_method = experiment.Timer()
+    model = build_model(task, cfg, method)
+
+    def answer_logits(v, x):
+      return model.apply(v, x)[:, rows]                                  # (N, answer_len, vocab)
+
+    def loss_fn(v, batch, rng):
+      del rng
+      logits = answer_logits(v, batch["x"])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"][:, rows]).mean(), {}
+
+    def metrics_fn(v, data):
+      right_tr = jnp.argmax(answer_logits(v, data["x"]), -1) == data["y"][:, rows]
+      logits = answer_logits(v, test_x)
+      right = jnp.argmax(logits, -1) == test_y[:, rows]
+      return {"train_exact": right_tr.all(-1).mean(), "test_exact": right.all(-1).mean(),
+              "test_token_accuracy": right.mean(),
+              "test_loss": optax.softmax_cross_entropy_with_integer_labels(logits, test_y[:, rows]).mean()}
+
+    state, history, infos, _ = experiment.train_method(
+        method=method, model=model, tx=make_tx(cfg), cfg=cfg, seeds=[s for _, s in runs],
+        run_ids=list(range(len(runs))), sample_input=jnp.zeros((1, task.input_len), jnp.int32),
+        probe_input=probe, target_attn=target_attn, attn_rows=rows, loss_fn=loss_fn, batch_fn=batch_fn,
+        metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}",
+        checkpoint_dir=workdir / "checkpoints" / method)
+    experiment.write_tensorboard(workdir / "tensorboard" / method, history)
+
+    decode = jax.jit(jax.vmap(lambda v: greedy_answers(model, v, test_x, task)))
+    answers = np.asarray(decode(state.variables))                           # (runs, N, answer_len)
+    right = answers == test_y[None][:, :, rows]
+    for i, (n, s) in enumerate(runs):
+      curve = experiment.per_run(history, i, ["train_exact", "test_exact", "attn_tv", "mask_drift"])
+      reached = [h["step"] for h in curve if h["train_exact"] >= 0.99]
+      results["runs"].append({
+          "method": method, "seed": int(s), "train_size": int(n),
+          "exact_match": float(right[i].all(-1).mean()), "digit_accuracy": float(right[i].mean()),
+          "steps_to_99_train": reached[0] if reached else None,
+          "final_train_exact": curve[-1]["train_exact"],
+          "persistence": [{k: h[k] for k in ("step", "attn_tv", "mask_drift") if k in h} for h in curve],
+          "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)), **infos[i]})
+    results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
+    results["wall_s"][method] = t_method()
+    experiment.write_json(results_path, results)
+    experiment.write_jsonl(workdir / "metrics.jsonl", [
+        {"method": m, "runs": [list(r) for r in runs], **{k: c[k][t] for k in c}}
+        for m, c in results["curves"].items() for t in range(len(c["step"]))])
+    done = [r for r in results["runs"] if r["method"] == method]
+    log(f"[{task.name}] {method}: test exact match by training size " + ", ".join(
+        f"{n}: {experiment.mean_std([r['exact_match'] for r in done if r['train_size'] == n])}" for n in sizes)
+        + f" ({t_method():.0f}s)")
+  write_report(results, workdir)
+  return results
+
+
+def _methods(results) -> list[str]:
+  present = {r["method"] for r in results["runs"]}
+  return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+
+
+def table(results: dict) -> str:
+  methods, sizes = _methods(results), results["train_sizes"]
+  pick = lambda m, n, k: [r[k] for r in results["runs"] if r["method"] == m and r["train_size"] == n]
+  name = (f"{results['digits']}-digit addition, answer {'reversed' if results['reverse'] else 'in the usual order'}"
+          if results["task"] == "add" else f"addition mod {results['modulus']}")
+  out = f"**{name}**; test set {results['test_size']} pairs, none in any training set.\n\n"
+  out += "Test exact match (mean ± std over seeds):\n\n"
+  out += experiment.markdown_table(["train size"] + methods,
+                                   [[n] + [experiment.mean_std(pick(m, n, "exact_match")) for m in methods]
+                                    for n in sizes])
+  out += "\nDigit accuracy (greedy decoding):\n\n"
+  out += experiment.markdown_table(["train size"] + methods,
+                                   [[n] + [experiment.mean_std(pick(m, n, "digit_accuracy")) for m in methods]
+                                    for n in sizes])
+
+  def steps99(m, n):
+    v = pick(m, n, "steps_to_99_train")
+    hit = [x for x in v if x is not None]
+    return f"{np.mean(hit):.0f} ({len(hit)}/{len(v)})" if hit else f"never (0/{len(v)})"
+  out += "\nSteps to 99% train exact match (mean over the seeds that got there; how many did):\n\n"
+  out += experiment.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
+  out += "\nPersistence: attention TV from the prior's pattern on the answer rows, start → end (mean over layers and runs):\n\n"
+  prow = []
+  for m in methods:
+    rs = [r for r in results["runs"] if r["method"] == m]
+    tv0 = np.mean([np.mean(r["persistence"][0]["attn_tv"]) for r in rs])
+    tv1 = np.mean([np.mean(r["persistence"][-1]["attn_tv"]) for r in rs])
+    drift = [r["persistence"][-1]["mask_drift"] for r in rs if "mask_drift" in r["persistence"][-1]]
+    prow.append([m, f"{tv0:.2f} → {tv1:.2f}", experiment.mean_std(drift) if drift else "-"])
+  out += experiment.markdown_table(["method", "attn TV start → end", "‖B−B0‖/‖B0‖ end"], prow)
+  return out
+
+
+def write_report(results: dict, workdir: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  workdir = pathlib.Path(workdir)
+  (workdir / "table.md").write_text(table(results))
+  methods, sizes = _methods(results), results["train_sizes"]
+  if not methods:
+    return
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for m in methods:
+    vals = [[r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n] for n in sizes]
+    ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], label=m, capsize=3, marker="o")
+  ax.set_xscale("log")
+  ax.set(xlabel="training-set size", ylabel="test exact match", ylim=(-0.02, 1.02),
+         title=f"{results['task']}: test exact match vs training size")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
+  plt.close(fig)
+  curves = results["curves"]
+  steps_of = lambda c: np.asarray(c["step"])
+  experiment.plot_curves(workdir / "persistence.png",
+                         {m: (steps_of(c), np.asarray(c["attn_tv"]).mean(-1).T) for m, c in curves.items()},
+                         title=f"{results['task']}: attention distance from the prior (answer rows)",
+                         ylabel="mean TV distance (layers)")
+  experiment.plot_curves(workdir / "test_exact_curves.png",
+                         {m: (steps_of(c), np.asarray(c["test_exact"]).T) for m, c in curves.items()},
+                         title=f"{results['task']}: test exact match during training (all sizes)",
+                         ylabel="test exact match")

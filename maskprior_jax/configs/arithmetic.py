@@ -1,0 +1,28 @@
+"""Low-data arithmetic benchmark, small CPU default.
+
+  maskprior arithmetic --workdir runs/arithmetic       # 3-digit addition, sizes 250..5000, 4 methods x 3 seeds
+  maskprior arithmetic --task modadd --train-sizes 1000,2000,4000 --workdir runs/modadd
+  maskprior arithmetic --task add --digits 5 --config.train.steps=6000 --workdir runs/add5
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  # add: D-digit operands, answer least significant digit first (reverse=True) or not.
+  # modadd: (a + b) mod modulus. Test pairs never appear in a training set; each seed's
+  # training sets are nested (the first N of its pairs).
+  c.task = dict(name="add", digits=3, modulus=97, reverse=True, train_sizes=(250, 500, 1000, 2000, 5000),
+                test_size=2000, data_seed=0)
+  # A causal decoder (next-token prediction, loss on the answer tokens only).
+  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
+  # The prior: the rows that predict answer digits attend to their operand columns (logit
+  # `inside`) and get `outside` elsewhere; one pattern for every head and layer.
+  c.prior = dict(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0)
+  c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.1,
+                 steps_per_call=50)
+  c.eval = dict(every_steps=100, train_eval_size=250, probe_size=128)
+  c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
+  c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
+  c.checkpoint = dict(every_steps=500, max_to_keep=2)
+  return ml_collections.ConfigDict(c)
