@@ -190,13 +190,8 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   return results
 
 
-def _methods(results) -> list[str]:
-  present = {r["method"] for r in results["runs"]}
-  return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
-
-
 def table(results: dict) -> str:
-  methods, sizes = _methods(results), results["train_sizes"]
+  methods, sizes = experiment.methods_in(results), results["train_sizes"]
   pick = lambda m, n, k: [r[k] for r in results["runs"] if r["method"] == m and r["train_size"] == n]
   name = (f"{results['digits']}-digit addition, answer {'reversed' if results['reverse'] else 'in the usual order'}"
           if results["task"] == "add" else f"addition mod {results['modulus']}")
@@ -217,14 +212,7 @@ def table(results: dict) -> str:
   out += "\nSteps to 99% train exact match (mean over the seeds that got there; how many did):\n\n"
   out += experiment.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
   out += "\nPersistence: attention TV from the prior's pattern on the answer rows, start → end (mean over layers and runs):\n\n"
-  prow = []
-  for m in methods:
-    rs = [r for r in results["runs"] if r["method"] == m]
-    tv0 = np.mean([np.mean(r["persistence"][0]["attn_tv"]) for r in rs])
-    tv1 = np.mean([np.mean(r["persistence"][-1]["attn_tv"]) for r in rs])
-    drift = [r["persistence"][-1]["mask_drift"] for r in rs if "mask_drift" in r["persistence"][-1]]
-    prow.append([m, f"{tv0:.2f} → {tv1:.2f}", experiment.mean_std(drift) if drift else "-"])
-  out += experiment.markdown_table(["method", "attn TV start → end", "‖B−B0‖/‖B0‖ end"], prow)
+  out += experiment.persistence_table(results)
   return out
 
 
@@ -234,7 +222,7 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
   import matplotlib.pyplot as plt
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))
-  methods, sizes = _methods(results), results["train_sizes"]
+  methods, sizes = experiment.methods_in(results), results["train_sizes"]
   if not methods:
     return
   fig, ax = plt.subplots(figsize=(5.5, 3.6))

@@ -122,6 +122,33 @@ def cmd_arithmetic(args) -> int:
   return 0
 
 
+def _vision_language(args, kind: str) -> int:
+  from maskprior_jax import vision_language
+  cfg = _config(args, kind)
+  with cfg.unlocked():
+    if args.dataset:
+      cfg.data.dataset = args.dataset
+    if args.data_dir:
+      cfg.data.data_dir = args.data_dir
+  vision_language.validate(cfg, kind)
+  methods = _parse_list(args.methods, vision_language.METHODS, "method")
+  seeds = _seeds(args.seeds)
+  workdir = pathlib.Path(args.workdir)
+  _check_workdir(workdir, {"command": kind, "config": cfg.to_dict(), "methods": methods, "seeds": seeds}, args.fresh)
+  res = vision_language.run(cfg, kind, methods, seeds, workdir)
+  print(vision_language.table(res))
+  print(f"results in {workdir}")
+  return 0
+
+
+def cmd_vision(args) -> int:
+  return _vision_language(args, "vision")
+
+
+def cmd_language(args) -> int:
+  return _vision_language(args, "language")
+
+
 def cmd_report(args) -> int:
   """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
   from maskprior_jax import boolean, boolean_run
@@ -183,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--train-sizes", help="comma-separated training-set sizes (default 250,500,1000,2000,5000)")
   _common(a, "runs/arithmetic")
   a.set_defaults(fn=cmd_arithmetic)
+  v = sub.add_parser("vision", help="ViT classification with a 2-D locality prior")
+  v.add_argument("--dataset", help="digits (embedded, default) or a TFDS image dataset: mnist, cifar10, ...")
+  v.add_argument("--data_dir", help="TFDS data_dir holding the prepared dataset (array_record)")
+  _common(v, "runs/vision")
+  v.set_defaults(fn=cmd_vision)
+  lang = sub.add_parser("language", help="byte-level LM (or text classification) with a 1-D recency prior")
+  lang.add_argument("--dataset", help="pydoc (embedded, default) or a TFDS text dataset: tiny_shakespeare, imdb_reviews")
+  lang.add_argument("--data_dir", help="TFDS data_dir holding the prepared dataset (array_record)")
+  _common(lang, "runs/language")
+  lang.set_defaults(fn=cmd_language)
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here")
@@ -198,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(rest)
   args.overrides = overrides
   from maskprior_jax.arithmetic import DataError
+  from maskprior_jax.data import DataError as DatasetError
   from maskprior_jax.boolean import TaskSpecError
   from maskprior_jax.checkpoint import Preempted
   from maskprior_jax.experiment import NonFiniteLoss
   try:
     return args.fn(args)
-  except (ConfigError, UsageError, TaskSpecError, DataError) as e:
+  except (ConfigError, UsageError, TaskSpecError, DataError, DatasetError) as e:
     print(f"maskprior: error: {e}", file=sys.stderr)
     return 2
   except NonFiniteLoss as e:

@@ -287,3 +287,22 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
 def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:
   """Run i's slice of an eval history: [{"step", key: value, ...}, ...]."""
   return [{"step": h["step"], **{k: h[k][i] for k in keys if k in h}} for h in history]
+
+
+def methods_in(results: dict) -> list[str]:
+  """The methods present in a results dict, in METHODS order (others after, sorted)."""
+  present = {r["method"] for r in results["runs"]}
+  return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+
+
+def persistence_table(results: dict) -> str:
+  """Per method: attention TV from the prior's pattern at the first and last evaluation (mean
+  over layers and runs), and the mask's final relative change."""
+  rows = []
+  for m in methods_in(results):
+    rs = [r for r in results["runs"] if r["method"] == m]
+    tv0 = np.mean([np.mean(r["persistence"][0]["attn_tv"]) for r in rs])
+    tv1 = np.mean([np.mean(r["persistence"][-1]["attn_tv"]) for r in rs])
+    drift = [r["persistence"][-1]["mask_drift"] for r in rs if "mask_drift" in r["persistence"][-1]]
+    rows.append([m, f"{tv0:.2f} → {tv1:.2f}", mean_std(drift) if drift else "-"])
+  return markdown_table(["method", "attn TV start → end", "‖B−B0‖/‖B0‖ end"], rows)
