@@ -1,0 +1,105 @@
+import json
+
+import numpy as np
+import pytest
+
+from maskprior_jax import arithmetic as A
+from maskprior_jax import cli
+
+
+def _keys(a, b, base):
+  return set((np.asarray(a) * base + np.asarray(b)).tolist())
+
+
+@pytest.mark.parametrize("task", [A.ArithmeticTask("add", 3), A.ArithmeticTask("add", 6),
+                                  A.ArithmeticTask("modadd", modulus=97)])
+def test_splits_never_overlap_and_are_deterministic(task):
+  sp = A.make_splits(task, 5000, [0, 1], test_size=2000)
+  test = _keys(sp.test_a, sp.test_b, task.base)
+  assert len(test) == 2000
+  for s in (0, 1):
+    train = _keys(sp.train_a[s], sp.train_b[s], task.base)
+    assert len(train) == 5000 and not train & test
+  again = A.make_splits(task, 5000, [0, 1], test_size=2000)
+  np.testing.assert_array_equal(sp.train_a[1], again.train_a[1])
+  assert not np.array_equal(sp.train_a[0], sp.train_a[1])
+
+
+def test_too_many_pairs_is_an_error():
+  with pytest.raises(A.DataError, match="distinct pairs"):
+    A.make_splits(A.ArithmeticTask("modadd", modulus=11), 100, [0], test_size=50)
+
+
+def _answer(task, targets):
+  digits = targets[:, task.answer_rows]
+  if task.reverse:
+    digits = digits[:, ::-1]
+  return np.asarray([int("".join(map(str, d))) for d in digits])
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_addition_encoding_reads_back_the_sum(reverse):
+  task = A.ArithmeticTask("add", 4, reverse=reverse)
+  a, b = np.array([1234, 9999, 5, 0]), np.array([8766, 9999, 70, 0])
+  x, y = task.encode(a, b)
+  assert x.shape == y.shape == (4, task.input_len) == (4, 14)
+  np.testing.assert_array_equal(x[:, 1:], y[:, :-1])                       # next-token targets
+  np.testing.assert_array_equal(_answer(task, y), a + b)
+  assert list(x[0, :10]) == [1, 2, 3, 4, task.plus, 8, 7, 6, 6, task.equals]
+  first = y[0, task.answer_rows]
+  assert list(first) == ([0, 0, 0, 0, 1] if reverse else [1, 0, 0, 0, 0])  # 1234 + 8766 = 10000
+
+
+def test_modadd_encoding():
+  task = A.ArithmeticTask("modadd", modulus=97)
+  x, y = task.encode(np.array([96, 3]), np.array([5, 4]))
+  np.testing.assert_array_equal(x, [[96, 97, 5, 98], [3, 97, 4, 98]])
+  np.testing.assert_array_equal(y[:, 3], [4, 7])
+
+
+def test_addition_prior_marks_the_columns_and_the_carry():
+  task = A.ArithmeticTask("add", 3, reverse=True)     # a2 a1 a0 + b2 b1 b0 = s0 s1 s2 s3
+  m = task.prior_pattern(inside=0.0, outside=-4.0)
+  assert m.shape == (11, 11)
+  inside = {int(r): set(np.flatnonzero(m[r] == 0.0).tolist()) for r in task.answer_rows}
+  # row 7 ('=') predicts s0: a0 (pos 2), b0 (pos 6); row 8 (holding s0) predicts s1: a1, b1, carry a0, b0.
+  assert inside[7] == {2, 6, 7}
+  assert inside[8] == {1, 5, 2, 6, 8}
+  assert inside[9] == {0, 4, 1, 5, 9}
+  assert inside[10] == {0, 4, 10}                         # s3 is the carry out of place 2
+  assert np.all(m[:7] == 0.0)                              # rows without an answer carry no structure
+  usual = A.ArithmeticTask("add", 3, reverse=False).prior_pattern()
+  assert set(np.flatnonzero(usual[7] == 0.0).tolist()) == {0, 4, 7}   # usual order: s3 first
+
+
+def test_modadd_prior():
+  m = A.ArithmeticTask("modadd").prior_pattern(outside=-8.0)
+  assert list(m[3]) == [0.0, -8.0, 0.0, 0.0] and np.all(m[:3] == 0)
+
+
+def test_short_end_to_end_run(tmp_path):
+  work = tmp_path / "add"
+  rc = cli.main(["arithmetic", "--task", "add", "--digits", "2", "--train-sizes", "100,400", "--methods",
+                 "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=100",
+                 "--config.eval.every_steps=50", "--config.task.test_size=300", "--config.qk.fit_steps=10",
+                 "--config.eval.probe_size=16"])
+  assert rc == 0
+  res = json.loads((work / "results.json").read_text())
+  assert len(res["runs"]) == 3 * 2 * 2
+  for r in res["runs"]:
+    assert {"method", "seed", "train_size", "exact_match", "digit_accuracy", "steps_to_99_train"} <= set(r)
+    assert 0 <= r["exact_match"] <= r["digit_accuracy"] <= 1
+    assert len(r["persistence"]) == 3
+  mask = [r for r in res["runs"] if r["method"] == "mask"]
+  assert all(r["persistence"][-1]["mask_drift"] > 0 for r in mask)
+  for f in ("table.md", "exact_match_vs_train_size.png", "persistence.png", "metrics.jsonl"):
+    assert (work / f).exists()
+
+
+def test_bad_train_sizes_are_one_line_errors(tmp_path, capsys):
+  assert cli.main(["arithmetic", "--train-sizes", "100,abc", "--workdir", str(tmp_path / "w")]) == 2
+  assert cli.main(["arithmetic", "--task", "modadd", "--train-sizes", "9000", "--workdir", str(tmp_path / "w")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 2 and all(e.startswith("maskprior: error:") for e in err)
+  assert "distinct pairs" in err[1]
+  assert not (tmp_path / "w").exists()
