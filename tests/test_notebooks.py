@@ -1,0 +1,31 @@
+"""Every Colab notebook runs headless, offline, in smoke mode (MASKPRIOR_SMOKE=1)."""
+import pathlib
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
+NOTEBOOKS = sorted(COLAB.glob("*.ipynb"))
+pytestmark = pytest.mark.notebook
+
+
+def test_every_notebook_is_here():
+  assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_boolean_headline.ipynb",
+                                         "03_bring_your_own_model.ipynb", "04_vision_language.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
+  monkeypatch.setenv("MASKPRIOR_SMOKE", "1")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  nb = nbformat.read(path, as_version=4)
+  first = nb.cells[0]
+  assert first.cell_type == "markdown" and "colab-badge.svg" in first.source
+  assert "pip" in nb.cells[1].source                       # installs what it needs first
+  nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                          resources={"metadata": {"path": str(tmp_path)}}).execute()
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+  assert not errors
