@@ -230,6 +230,8 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
     vals = [[r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n] for n in sizes]
     ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], label=m, capsize=3, marker="o")
   ax.set_xscale("log")
+  ax.set_xticks(sizes, [str(n) for n in sizes])
+  ax.minorticks_off()
   ax.set(xlabel="training-set size", ylabel="test exact match", ylim=(-0.02, 1.02),
          title=f"{results['task']}: test exact match vs training size")
   ax.legend(fontsize=8)

@@ -151,7 +151,7 @@ def cmd_language(args) -> int:
 
 def cmd_report(args) -> int:
   """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
-  from maskprior_jax import boolean, boolean_run
+  from maskprior_jax import arithmetic_run, boolean, boolean_run, vision_language
   found = []
   for d in args.dirs:
     d = pathlib.Path(d)
@@ -160,9 +160,21 @@ def cmd_report(args) -> int:
     found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
   if not found:
     raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
+  loaded = [json.loads(p.read_text()) for p in found]
+  other = [r for r in loaded if r.get("benchmark", "boolean") != "boolean"]
+  out = pathlib.Path(args.out) if args.out else None
+  for i, res in enumerate(other):   # arithmetic, vision, language: one table per run folder
+    module = arithmetic_run if res["benchmark"] == "arithmetic" else vision_language
+    print(module.table(res))
+    if out is not None:
+      dest = out / f"{res['benchmark']}_{i}"
+      dest.mkdir(parents=True, exist_ok=True)
+      module.write_report(res, dest)
+  loaded = [r for r in loaded if r.get("benchmark", "boolean") == "boolean"]
+  if not loaded:
+    return 0
   by_task: dict[str, dict] = {}
-  for path in found:
-    res = json.loads(path.read_text())
+  for res in loaded:
     if res["task"] in by_task:
       merged = by_task[res["task"]]
       merged["runs"] += res["runs"]
@@ -172,7 +184,6 @@ def cmd_report(args) -> int:
       by_task[res["task"]] = res
   order = {name: i for i, name in enumerate(boolean.TASKS)}
   results = sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
-  out = pathlib.Path(args.out) if args.out else None
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
     for res in results:
