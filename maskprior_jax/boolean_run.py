@@ -18,7 +18,7 @@ import numpy as np
 
 from maskprior_jax import boolean, experiment, optim, priors
 from maskprior_jax.checkpoint import tree_sha256
-from maskprior_jax.config import ConfigError, config_digest
+from maskprior_jax.config import ConfigError, check_data_parallel, config_digest
 from maskprior_jax.models import Transformer
 
 METHODS = experiment.METHODS
@@ -48,6 +48,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if value % spc:
       raise ConfigError(f"{key} ({value}) must be a multiple of train.steps_per_call ({spc})")
   learning_rate(cfg, "")
+  check_data_parallel(cfg)
 
 
 def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndarray:

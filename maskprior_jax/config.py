@@ -115,9 +115,20 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
   for key in positive:
     if not _get(cfg, key) > 0:
       raise ConfigError(f"{key} must be positive, got {_get(cfg, key)}")
+  check_data_parallel(cfg)
   spc = cfg.train.steps_per_call
   if spc <= 0:
     raise ConfigError(f"train.steps_per_call must be positive, got {spc}")
   for key in multiples_of_steps_per_call:
     if _get(cfg, key) % spc:
       raise ConfigError(f"{key} ({_get(cfg, key)}) must be a multiple of train.steps_per_call ({spc})")
+
+
+def check_data_parallel(cfg: ml_collections.ConfigDict) -> None:
+  """train.data_parallel splits each batch over all devices: the batch must divide evenly."""
+  if cfg.train.get("data_parallel", False):
+    import jax
+    n = jax.device_count()
+    if cfg.train.batch_size % n:
+      raise ConfigError(f"train.data_parallel: train.batch_size ({cfg.train.batch_size}) must divide by the "
+                        f"{n} devices")

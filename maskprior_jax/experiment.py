@@ -30,8 +30,12 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
                 batch_fn: Callable[[int, Sequence[int]], Any], steps: int, steps_per_call: int,
                 eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
                 log_every: int = 250, checkpointer=None,
-                checkpoint_every: int = 0) -> tuple[train.TrainState, list[dict]]:
+                checkpoint_every: int = 0, mesh=None) -> tuple[train.TrainState, list[dict]]:
   """Train one run per seed in a single vmapped program.
+
+  With a `mesh` (see `train.data_mesh`), every seed's batch is split over the mesh's "data"
+  axis (data parallel, the state replicated); the batch size must divide by its size. Each
+  process then feeds only its rows of the global batch (`distributed.process_slice`).
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
   `eval_every` steps and at the end. With a `checkpointer`, the state and the eval history
@@ -45,7 +49,16 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
     if value % steps_per_call:
       raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
   states = stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
-  step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call)
+  step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh)
+  lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
+
+  def place(batch):
+    if mesh is None:
+      return batch
+    from maskprior_jax import distributed
+    return jax.tree.map(lambda a: distributed.global_batch(
+        {"a": np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)]},
+        mesh, lead)["a"], batch)
   done, history = 0, None
   if checkpointer is not None:
     restored = checkpointer.restore_latest(jax.device_get(states))
@@ -53,6 +66,8 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
       states, record = restored
       done, history = int(record["step"]), record["history"]
       print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
+  if mesh is not None:
+    states = jax.device_put(states, train.replicated(mesh))
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
   progress = train.Progress(steps, label=label, every=log_every)
@@ -67,7 +82,7 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
       while done < steps:
         chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
         batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-        new_states, metrics = step_fn(states, batch)
+        new_states, metrics = step_fn(states, place(batch))
         # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
         loss = np.asarray(jax.device_get(metrics["loss"]))
         if not np.all(np.isfinite(loss)):
@@ -277,11 +292,20 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
         loss_fn=loss_fn, tx=tx, variables=variables0, seeds=list(run_ids if run_ids is not None else seeds),
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_all(v, run_data), label=label,
-        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps)
+        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=data_parallel_mesh(cfg))
   finally:
     if checkpointer is not None:
       checkpointer.close()
   return state, history, [i for _, i in inits], init0
+
+
+def data_parallel_mesh(cfg):
+  """A mesh over all devices when cfg.train.data_parallel is set (None otherwise)."""
+  from maskprior_jax.config import check_data_parallel
+  if not cfg.train.get("data_parallel", False):
+    return None
+  check_data_parallel(cfg)
+  return train.data_mesh()
 
 
 def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:

@@ -165,3 +165,26 @@ def test_run_steps_reports_every_step_and_eval_step_shards():
   eval_step = train.make_eval_step(lambda v, b: _loss_fn(model)(v, b, None)[0], mesh=mesh)
   single = _loss_fn(model)(jax.device_get(state.variables), batches[0], None)[0]
   np.testing.assert_allclose(eval_step(state.variables, batches[0]), single, rtol=1e-5)
+
+
+def test_benchmark_loop_data_parallel_equals_single_device():
+  """experiment.train_seeds with a mesh (seeds vmapped, each seed's batch split over all devices)
+  ends where the one-device loop ends."""
+  from maskprior_jax import experiment
+  assert jax.device_count() > 1, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+  model = _model()
+  tx = mp.mask_prior_optimizer(0.02, name="sgd")
+  seeds = [0, 1]
+  variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in seeds]
+  batch_fn = lambda step, seeds_: experiment.stack_trees([_batch(100 * s + step, 32) for s in seeds_])
+  runs = {}
+  for name, mesh in (("single", None), ("mesh", train.data_mesh())):
+    state, history = experiment.train_seeds(
+        loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batch_fn=batch_fn, steps=6,
+        steps_per_call=2, eval_every=6, eval_fn=lambda step, v: {"n": jnp.zeros(2)}, label=name, mesh=mesh)
+    runs[name] = jax.device_get(state.variables)
+  moved = max(float(np.abs(np.asarray(a) - np.asarray(b)[None]).max()) for a, b in
+              zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(experiment.stack_trees(variables))))
+  assert moved > 1e-3
+  for a, b in zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(runs["mesh"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -17,8 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
   # heads, spare heads repeat a group ("cycle") or take the union ("union").
   c.prior = dict(inside=0.0, outside=-4.0, per_head=True, token_rows="group", spare_heads="cycle",
                  mode="learned", mask_lr_multiplier=1.0, layers="all")
+  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
   c.train = dict(steps=1500, batch_size=64, learning_rate=3e-4, learning_rate_by_task="",
-                 optimizer="adam", weight_decay=0.0, steps_per_call=50)
+                 optimizer="adam", weight_decay=0.0, steps_per_call=50, data_parallel=False)
   c.eval = dict(every_steps=250, num_points=4096, probe_size=256, full_cube_max_n=18)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
