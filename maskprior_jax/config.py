@@ -126,6 +126,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
 
 def check_data_parallel(cfg: ml_collections.ConfigDict) -> None:
   """train.data_parallel splits each batch over all devices: the batch must divide evenly."""
+  if cfg.train.get("fsdp", False) and not cfg.train.get("data_parallel", False):
+    raise ConfigError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
   if cfg.train.get("data_parallel", False):
     import jax
     n = jax.device_count()

@@ -30,12 +30,13 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
                 batch_fn: Callable[[int, Sequence[int]], Any], steps: int, steps_per_call: int,
                 eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
                 log_every: int = 250, checkpointer=None,
-                checkpoint_every: int = 0, mesh=None) -> tuple[train.TrainState, list[dict]]:
+                checkpoint_every: int = 0, mesh=None, fsdp: bool = False) -> tuple[train.TrainState, list[dict]]:
   """Train one run per seed in a single vmapped program.
 
   With a `mesh` (see `train.data_mesh`), every seed's batch is split over the mesh's "data"
   axis (data parallel, the state replicated); the batch size must divide by its size. Each
-  process then feeds only its rows of the global batch (`distributed.process_slice`).
+  process then feeds only its rows of the global batch (`distributed.process_slice`). With
+  `fsdp` as well, large state leaves are split over the mesh (`train.fsdp_sharding`).
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
   `eval_every` steps and at the end. With a `checkpointer`, the state and the eval history
@@ -49,7 +50,9 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
     if value % steps_per_call:
       raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
   states = stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
-  step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh)
+  state_sharding = train.fsdp_sharding(states, mesh) if (mesh is not None and fsdp) else None
+  step_fn = train.make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
+                                  state_sharding=state_sharding)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
 
   def place(batch):
@@ -67,7 +70,7 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
       done, history = int(record["step"]), record["history"]
       print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
   if mesh is not None:
-    states = jax.device_put(states, train.replicated(mesh))
+    states = jax.device_put(states, state_sharding or train.replicated(mesh))
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
   progress = train.Progress(steps, label=label, every=log_every)
@@ -292,7 +295,8 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
         loss_fn=loss_fn, tx=tx, variables=variables0, seeds=list(run_ids if run_ids is not None else seeds),
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_all(v, run_data), label=label,
-        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=data_parallel_mesh(cfg))
+        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=data_parallel_mesh(cfg),
+        fsdp=cfg.train.get("fsdp", False))
   finally:
     if checkpointer is not None:
       checkpointer.close()

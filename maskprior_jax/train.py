@@ -69,15 +69,38 @@ def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None
   return step
 
 
+def fsdp_sharding(tree, mesh: Mesh, *, min_size: int = 1 << 14, axis_name: str = "data"):
+  """FSDP-style rule: every leaf with at least `min_size` elements is split over the mesh's
+  `axis_name` along its largest axis that divides evenly; smaller leaves are replicated.
+  Returns a pytree of NamedSharding matching `tree` (arrays or ShapeDtypeStructs), e.g. for a
+  TrainState, so that parameters, the mask prior and the optimizer moments are sharded alike."""
+  n = mesh.shape[axis_name]
+
+  def rule(leaf):
+    shape = getattr(leaf, "shape", ())
+    if n == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:
+      return NamedSharding(mesh, P())
+    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+      if shape[axis] % n == 0:
+        spec = [None] * len(shape)
+        spec[axis] = axis_name
+        return NamedSharding(mesh, P(*spec))
+    return NamedSharding(mesh, P())
+  return jax.tree.map(rule, tree)
+
+
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: Mesh | None = None,
-                    seed_axis: bool = False, steps_per_call: int = 1, donate: bool = True):
+                    seed_axis: bool = False, steps_per_call: int = 1, donate: bool = True,
+                    state_sharding=None):
   """A jitted `step(state, batch) -> (state, metrics)`.
 
   seed_axis: state and batch carry a leading seed axis; the step is vmapped over it, so S
     independent runs share one compiled program.
   steps_per_call > 1: `batch` carries a leading axis of that many steps, run with lax.scan
     (metrics come back stacked).
-  mesh: batches are sharded over its "data" axis and the state replicated.
+  mesh: batches are sharded over its "data" axis and the state replicated, or sharded as
+    `state_sharding` says (e.g. `fsdp_sharding(state, mesh)` for large models: XLA gathers
+    each weight where it is used and reduce-scatters its gradient).
   """
   step = _step_fn(loss_fn, tx)
   if seed_axis:
@@ -90,8 +113,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
   kwargs = {}
   if mesh is not None:
     lead = int(seed_axis) + int(steps_per_call > 1)
-    kwargs = dict(in_shardings=(replicated(mesh), batch_sharding(mesh, lead)),
-                  out_shardings=(replicated(mesh), replicated(mesh)))
+    state_spec = replicated(mesh) if state_sharding is None else state_sharding
+    kwargs = dict(in_shardings=(state_spec, batch_sharding(mesh, lead)),
+                  out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
 
 

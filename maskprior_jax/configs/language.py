@@ -16,9 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 1-D recency/locality: B[h, q, k] = -scale * slope_h * |k - q|, ALiBi's slopes 2^(-8h/H),
   # stored as a learnable per-head offset table (each head learns its own width).
   c.prior = dict(scale=1.0, mode="learned", mask_lr_multiplier=1.0)
-  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
+  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices());
+  # fsdp: also split large weights and optimizer state over them (with data_parallel).
   c.train = dict(steps=1500, batch_size=32, learning_rate=1e-3, optimizer="adamw", weight_decay=0.05,
-                 steps_per_call=50, data_parallel=False)
+                 steps_per_call=50, data_parallel=False, fsdp=False)
   c.eval = dict(every_steps=250, probe_size=32, eval_windows=128, max_test_windows=4096)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)

@@ -16,9 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
   # "distance": logit -slope_h * distance, slopes 4 * 2^(-8h/H) (per-head neighbourhood widths);
   # "impulse": head h favours one offset of a 3x3 kernel (logit 0 there, `outside` elsewhere).
   c.prior = dict(kind="distance", outside=-4.0, mode="learned", mask_lr_multiplier=1.0)
-  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
+  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices());
+  # fsdp: also split large weights and optimizer state over them (with data_parallel).
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.05,
-                 steps_per_call=50, data_parallel=False)
+                 steps_per_call=50, data_parallel=False, fsdp=False)
   c.eval = dict(every_steps=250, probe_size=64, max_test=10000)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
