@@ -157,9 +157,9 @@ axes[1].set_xlabel("degree"); axes[1].set_ylabel("Fourier energy"); axes[1].set_
 plt.tight_layout(); plt.show()'''),
     md("""
 ## Attention after training, next to the prior
-Layer 0's attention (averaged over 256 inputs) for each head of the mask model, under
-softmax of the prior. The mask model's attention stays close to the prior's pattern; the vanilla
-model's does not resemble it.
+Layer 0's attention (averaged over 256 inputs) for each head: the prior's pattern softmax(B0) on
+top, the trained mask model below it, the trained vanilla model at the bottom. How much of each
+prior head's block structure survives training is what the paper calls persistence.
 """),
     code('''
 probe = ids[np.random.default_rng(1).choice(len(ids), 256)]
@@ -232,8 +232,9 @@ display(Markdown(boolean_run.headline_table(all_results)))
 display(Image(f"{WORKDIR}/headline.png"))'''),
     md("""
 ## Per task: unseen loss during training, persistence, degree profiles
-The dashed line in the unseen-loss plot is the MDI's error. In the persistence plot, the QK
-prior starts near the pattern and drifts away; the mask prior stays.
+The dashed line in the unseen-loss plot is the MDI's error. The persistence plot shows each
+method's attention distance from the prior's pattern over training (in the README's CLI run,
+the QK prior started near the pattern and drifted away within 250 steps; the mask prior stayed).
 """),
     code('''
 import matplotlib.pyplot as plt, matplotlib.image as mpimg
