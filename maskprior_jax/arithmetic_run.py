@@ -8,7 +8,6 @@ command skips finished methods and resumes an interrupted one from its checkpoin
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Sequence
 
@@ -110,17 +109,10 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   target_attn = target_attention(task, cfg)
 
   results_path = workdir / "results.json"
-  digest = config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)})
-  results = {"benchmark": "arithmetic", "task": task.name, "digits": task.digits, "modulus": task.modulus,
-             "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
-             "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist(),
-             "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
-             "environment": experiment.environment()}
-  if results_path.exists():
-    old = json.loads(results_path.read_text())
-    if old.get("config_digest") == digest:
-      results = old
-  experiment.write_json(workdir / "config.json", cfg.to_dict())
+  results = experiment.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)}), {
+      "benchmark": "arithmetic", "task": task.name, "digits": task.digits, "modulus": task.modulus,
+      "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
+      "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist()})
   bs = cfg.train.batch_size
 
   def batch_fn(step, run_ids):
@@ -161,7 +153,6 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
         probe_input=probe, target_attn=target_attn, attn_rows=rows, loss_fn=loss_fn, batch_fn=batch_fn,
         metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}",
         checkpoint_dir=workdir / "checkpoints" / method)
-    experiment.write_tensorboard(workdir / "tensorboard" / method, history)
 
     decode = jax.jit(jax.vmap(lambda v: greedy_answers(model, v, test_x, task)))
     answers = np.asarray(decode(state.variables))                           # (runs, N, answer_len)
@@ -176,12 +167,7 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
           "final_train_exact": curve[-1]["train_exact"],
           "persistence": [{k: h[k] for k in ("step", "attn_tv", "mask_drift") if k in h} for h in curve],
           "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)), **infos[i]})
-    results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
-    results["wall_s"][method] = t_method()
-    experiment.write_json(results_path, results)
-    experiment.write_jsonl(workdir / "metrics.jsonl", [
-        {"method": m, "runs": [list(r) for r in runs], **{k: c[k][t] for k in c}}
-        for m, c in results["curves"].items() for t in range(len(c["step"]))])
+    experiment.record_method(results, method, history, t_method(), workdir, runs=[list(r) for r in runs])
     done = [r for r in results["runs"] if r["method"] == method]
     log(f"[{task.name}] {method}: test exact match by training size " + ", ".join(
         f"{n}: {experiment.mean_std([r['exact_match'] for r in done if r['train_size'] == n])}" for n in sizes)

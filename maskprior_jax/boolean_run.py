@@ -7,7 +7,6 @@ with the same workdir skips finished methods.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Sequence
 
@@ -114,15 +113,9 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   mdi_unseen = boolean.unseen_mse(task, mdi)
   results_path = workdir / "results.json"
   digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n], "seeds": list(seeds)})
-  results = {"task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
-             "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(),
-             "mdi_unseen_mse_true": mdi_unseen, "config_digest": digest, "runs": [], "curves": {},
-             "environment": experiment.environment(), "wall_s": {}}
-  if results_path.exists():
-    old = json.loads(results_path.read_text())
-    if old.get("config_digest") == digest:
-      results = old
-  (workdir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+  results = experiment.open_results(workdir, cfg, digest, {
+      "task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
+      "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(), "mdi_unseen_mse_true": mdi_unseen})
 
   rng = np.random.default_rng(0)
   seen_x = boolean.seen_points(task, rng)
@@ -172,7 +165,6 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
         sample_input=jnp.zeros((1, task.n), jnp.int32), probe_input=probe_ids, target_attn=target_attn,
         loss_fn=loss_fn, batch_fn=batch_fn, metrics_fn=metrics_fn, label=f"{task.name}/{method}",
         checkpoint_dir=workdir / "checkpoints" / method)
-    experiment.write_tensorboard(workdir / "tensorboard" / method, history)
 
     pred = _predict(model, state.variables, to_ids(test_x))
     for i, seed in enumerate(seeds):
@@ -188,11 +180,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
              "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)),
              **infos[i]}
       results["runs"].append(run)
-    results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
-    results["wall_s"][method] = t_method()
-    experiment.write_json(results_path, results)
-    experiment.write_jsonl(workdir / "metrics.jsonl", [
-        {"method": m, **{k: c[k][t] for k in c}} for m, c in results["curves"].items() for t in range(len(c["step"]))])
+    experiment.record_method(results, method, history, t_method(), workdir)
     log(f"[{task.name}] {method}: unseen MSE vs truth "
         f"{experiment.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
         f"(MDI {mdi_unseen:.3g}), {t_method():.0f}s")

@@ -146,6 +146,37 @@ def _json_default(o):
   return str(o)
 
 
+def open_results(workdir: pathlib.Path, cfg, digest: str, header: dict) -> dict:
+  """The run folder's results.json if it holds a run of the same config (`digest`), so that
+  finished methods are kept; otherwise a new record of `header` with empty runs. Writes
+  config.json."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  results = {**header, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
+             "environment": environment()}
+  path = workdir / "results.json"
+  if path.exists():
+    old = json.loads(path.read_text())
+    if old.get("config_digest") == digest:
+      results = old
+  write_json(workdir / "config.json", cfg.to_dict())
+  return results
+
+
+def record_method(results: dict, method: str, history: Sequence[dict], wall_s: float,
+                  workdir: pathlib.Path, **metrics_extra) -> None:
+  """Store a finished method's eval curves and wall time, and rewrite results.json and
+  metrics.jsonl (one row per method and evaluation, plus `metrics_extra`)."""
+  workdir = pathlib.Path(workdir)
+  results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
+  results["wall_s"][method] = wall_s
+  write_json(workdir / "results.json", results)
+  write_jsonl(workdir / "metrics.jsonl", [
+      {"method": m, **metrics_extra, **{k: c[k][t] for k in c}}
+      for m, c in results["curves"].items() for t in range(len(c["step"]))])
+  write_tensorboard(workdir / "tensorboard" / method, history)
+
+
 def environment() -> dict:
   import flax
   import optax

@@ -14,7 +14,6 @@ checkpoints/; finished methods are skipped when the same command is rerun.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Sequence
 
@@ -183,16 +182,9 @@ def run(cfg: ml_collections.ConfigDict, kind: str, methods: Sequence[str], seeds
   validate(cfg, kind)
   pb = load_problem(cfg, kind, jax.process_index(), jax.process_count())
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   results_path = workdir / "results.json"
-  digest = config_digest({"cfg": cfg.to_dict(), "kind": kind, "seeds": list(seeds)})
-  results = {"benchmark": kind, **pb.info, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
-             "environment": experiment.environment()}
-  if results_path.exists():
-    old = json.loads(results_path.read_text())
-    if old.get("config_digest") == digest:
-      results = old
-  experiment.write_json(workdir / "config.json", cfg.to_dict())
+  results = experiment.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "kind": kind,
+                                                                 "seeds": list(seeds)}), {"benchmark": kind, **pb.info})
   bs, L = cfg.train.batch_size, getattr(pb, "seq", 0)
   is_lm = getattr(pb, "task", "") == "lm"
 
@@ -238,18 +230,13 @@ def run(cfg: ml_collections.ConfigDict, kind: str, methods: Sequence[str], seeds
         method=method, model=model, tx=make_tx(cfg), cfg=cfg, seeds=seeds, sample_input=pb.sample,
         probe_input=pb.probe, target_attn=pb.target_attn, loss_fn=loss_fn, batch_fn=batch_fn,
         metrics_fn=metrics_fn, label=f"{pb.name}/{method}", checkpoint_dir=workdir / "checkpoints" / method)
-    experiment.write_tensorboard(workdir / "tensorboard" / method, history)
     final = _final_eval(model, pb, state.variables)
     for i, s in enumerate(seeds):
       run_ = {"method": method, "seed": int(s), **{k: float(v[i]) for k, v in final.items()},
               "persistence": experiment.per_run(history, i, ["attn_tv", "mask_drift"]),
               "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)), **infos[i]}
       results["runs"].append(run_)
-    results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
-    results["wall_s"][method] = t_method()
-    experiment.write_json(results_path, results)
-    experiment.write_jsonl(workdir / "metrics.jsonl", [
-        {"method": m, **{k: c[k][t] for k in c}} for m, c in results["curves"].items() for t in range(len(c["step"]))])
+    experiment.record_method(results, method, history, t_method(), workdir)
     key = headline_key(results)
     log(f"[{pb.name}] {method}: {key} "
         f"{experiment.mean_std([r[key] for r in results['runs'] if r['method'] == method])} ({t_method():.0f}s)")
