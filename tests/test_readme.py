@@ -26,3 +26,15 @@ def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
   text = README.read_text()
   for table in tables:
     assert table.strip() and table.strip() in text
+
+
+def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, tmp_path):
+  from maskprior_jax import cli
+  results = README.parent / "experiments" / "results"
+  assert cli.main(["report", str(results / "arithmetic"), str(results / "vision"), str(results / "language"),
+                   "--out", str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert "| 1000 | 0.0433 ± 0.016 | 0.0348 ± 0.017 | 0.811 ± 0.083 | 0.574 ± 0.034 |" in out   # README's table
+  assert "| mask | 3 | 0.963 ± 0.0069 | -0.8 points vs qk |" in out
+  assert "| mask | 3 | 2.02 ± 0.0078 | -2.6% vs qk |" in out
+  assert (tmp_path / "arithmetic_0" / "exact_match_vs_train_size.png").exists()
