@@ -203,15 +203,12 @@ def table(results: dict) -> str:
 
 
 def write_report(results: dict, workdir: pathlib.Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))
   methods, sizes = experiment.methods_in(results), results["train_sizes"]
   if not methods:
     return
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  fig, ax = experiment.new_figure((5.5, 3.6))
   for m in methods:
     vals = [[r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n] for n in sizes]
     ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], label=m, capsize=3, marker="o")
@@ -223,7 +220,6 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
-  plt.close(fig)
   curves = results["curves"]
   steps_of = lambda c: np.asarray(c["step"])
   experiment.plot_curves(workdir / "persistence.png",

@@ -247,9 +247,6 @@ def write_task_report(results: dict, workdir: pathlib.Path) -> None:
 
 
 def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   profiles = {}
   for r in results["runs"]:
     if r.get("degree_profile") is not None:
@@ -263,7 +260,7 @@ def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
   mdi = boolean.degree_profile(boolean.walsh_coefficients(boolean.minimum_degree_interpolator(task)(x)))
   maxdeg = max(int(np.max(np.flatnonzero(truth > 1e-6))), int(np.max(np.flatnonzero(mdi > 1e-6)))) + 2
   series = {"truth": truth, "MDI": mdi, **{m: np.mean(v, 0) for m, v in profiles.items()}}
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  fig, ax = experiment.new_figure((5.5, 3.6))
   width = 0.8 / len(series)
   for i, (label, prof) in enumerate(series.items()):
     ax.bar(np.arange(maxdeg) + i * width, prof[:maxdeg], width, label=label)
@@ -271,7 +268,6 @@ def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def run_headline(cfg, methods, seeds, workdir: pathlib.Path, tasks: Sequence[str] = tuple(boolean.TASKS), log=print):
@@ -305,11 +301,8 @@ def headline_table(all_results: Sequence[dict]) -> str:
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
   (workdir / "summary.md").write_text(headline_table(all_results))
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
-  fig, ax = plt.subplots(figsize=(7, 3.6))
+  fig, ax = experiment.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
   for i, m in enumerate(methods):
     ratios = [[r["unseen_mse_true"] / res["mdi_unseen_mse_true"] for r in res["runs"] if r["method"] == m]
@@ -323,4 +316,3 @@ def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) ->
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(workdir / "headline.png", dpi=110)
-  plt.close(fig)

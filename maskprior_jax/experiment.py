@@ -223,13 +223,18 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def new_figure(figsize: tuple[float, float]):
+  """(figure, axes) drawn without pyplot, so that saving plots never changes the caller's
+  matplotlib backend or state (a notebook keeps its inline plots)."""
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots()
+
+
 def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
                 ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None) -> None:
   """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  fig, ax = new_figure((5.5, 3.6))
   for label, (steps, values) in curves.items():
     values = np.asarray(values, float)
     ax.plot(steps, values.mean(0), label=label)
@@ -245,7 +250,6 @@ def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarr
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 class Timer:
