@@ -93,7 +93,6 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   validate(cfg)
   task = task_from_config(cfg)
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   sizes = sorted(cfg.task.train_sizes)
   splits = arithmetic.make_splits(task, max(sizes), seeds, test_size=cfg.task.test_size,
                                   data_seed=cfg.task.data_seed)
@@ -158,14 +157,14 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
     answers = np.asarray(decode(state.variables))                           # (runs, N, answer_len)
     right = answers == test_y[None][:, :, rows]
     for i, (n, s) in enumerate(runs):
-      curve = experiment.per_run(history, i, ["train_exact", "test_exact", "attn_tv", "mask_drift"])
+      curve = experiment.per_run(history, i, ["train_exact"])
       reached = [h["step"] for h in curve if h["train_exact"] >= 0.99]
       results["runs"].append({
           "method": method, "seed": int(s), "train_size": int(n),
           "exact_match": float(right[i].all(-1).mean()), "digit_accuracy": float(right[i].mean()),
           "steps_to_99_train": reached[0] if reached else None,
           "final_train_exact": curve[-1]["train_exact"],
-          "persistence": [{k: h[k] for k in ("step", "attn_tv", "mask_drift") if k in h} for h in curve],
+          "persistence": experiment.per_run(history, i, ["attn_tv", "mask_drift"]),
           "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)), **infos[i]})
     experiment.record_method(results, method, history, t_method(), workdir, runs=[list(r) for r in runs])
     done = [r for r in results["runs"] if r["method"] == method]
@@ -221,12 +220,9 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
   fig.tight_layout()
   fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
   curves = results["curves"]
-  steps_of = lambda c: np.asarray(c["step"])
-  experiment.plot_curves(workdir / "persistence.png",
-                         {m: (steps_of(c), np.asarray(c["attn_tv"]).mean(-1).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "persistence.png", experiment.metric_curves(curves, "attn_tv"),
                          title=f"{results['task']}: attention distance from the prior (answer rows)",
                          ylabel="mean TV distance (layers)")
-  experiment.plot_curves(workdir / "test_exact_curves.png",
-                         {m: (steps_of(c), np.asarray(c["test_exact"]).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "test_exact_curves.png", experiment.metric_curves(curves, "test_exact"),
                          title=f"{results['task']}: test exact match during training (all sizes)",
                          ylabel="test exact match")

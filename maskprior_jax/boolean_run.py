@@ -108,7 +108,6 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
              seeds: Sequence[int], workdir: pathlib.Path, log=print) -> dict:
   validate(cfg)
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   mdi = boolean.minimum_degree_interpolator(task)
   mdi_unseen = boolean.unseen_mse(task, mdi)
   results_path = workdir / "results.json"
@@ -230,16 +229,13 @@ def write_task_report(results: dict, workdir: pathlib.Path) -> None:
   curves = results["curves"]
   if not curves:
     return
-  steps_of = lambda c: np.asarray(c["step"])
-  experiment.plot_curves(workdir / "unseen_loss.png",
-                         {m: (steps_of(c), np.asarray(c["unseen_mse_true"]).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "unseen_loss.png", experiment.metric_curves(curves, "unseen_mse_true"),
                          title=f"{results['task']}: unseen MSE vs truth", ylabel="MSE", logy=True,
                          hlines={"MDI": results["mdi_unseen_mse_true"]})
-  experiment.plot_curves(workdir / "persistence.png",
-                         {m: (steps_of(c), np.asarray(c["attn_tv"]).mean(-1).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "persistence.png", experiment.metric_curves(curves, "attn_tv"),
                          title=f"{results['task']}: attention distance from the prior's pattern",
                          ylabel="mean TV distance (layers)")
-  drift = {m: (steps_of(c), np.asarray(c["mask_drift"]).T) for m, c in curves.items() if "mask_drift" in c}
+  drift = experiment.metric_curves(curves, "mask_drift")
   if drift:
     experiment.plot_curves(workdir / "mask_drift.png", drift, title=f"{results['task']}: ‖B_t − B_0‖ / ‖B_0‖",
                            ylabel="relative change")

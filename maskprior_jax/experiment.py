@@ -59,9 +59,9 @@ def train_seeds(*, loss_fn, tx, variables: Sequence[dict], seeds: Sequence[int],
     if mesh is None:
       return batch
     from maskprior_jax import distributed
-    return jax.tree.map(lambda a: distributed.global_batch(
-        {"a": np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)]},
-        mesh, lead)["a"], batch)
+    local = jax.tree.map(lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)],
+                         batch)
+    return distributed.global_batch(local, mesh, lead)
   done, history = 0, None
   if checkpointer is not None:
     restored = checkpointer.restore_latest(jax.device_get(states))
@@ -229,6 +229,17 @@ def new_figure(figsize: tuple[float, float]):
   from matplotlib.figure import Figure
   fig = Figure(figsize=figsize)
   return fig, fig.subplots()
+
+
+def metric_curves(curves: dict, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """`plot_curves` input from results["curves"]: method -> (steps, values (seeds, T)) for every
+  method that recorded `key`; a per-layer metric (T, seeds, layers) is averaged over layers."""
+  out = {}
+  for m, c in curves.items():
+    if key in c:
+      values = np.asarray(c[key], float)
+      out[m] = (np.asarray(c["step"]), (values.mean(-1) if values.ndim == 3 else values).T)
+  return out
 
 
 def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,

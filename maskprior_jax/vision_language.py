@@ -303,12 +303,10 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
   curves = results["curves"]
   if not curves:
     return
-  key = "test_bits_per_char" if results.get("task") == "lm" else "test_accuracy"
-  steps_of = lambda c: np.asarray(c["step"])
+  key = headline_key(results)
   ref = {"unigram": results["unigram_bits_per_char"]} if "unigram_bits_per_char" in results else None
-  experiment.plot_curves(workdir / "test_curve.png", {m: (steps_of(c), np.asarray(c[key]).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "test_curve.png", experiment.metric_curves(curves, key),
                          title=f"{results['dataset']}: {key.replace('_', ' ')} (eval subset)", ylabel=key, hlines=ref)
-  experiment.plot_curves(workdir / "persistence.png",
-                         {m: (steps_of(c), np.asarray(c["attn_tv"]).mean(-1).T) for m, c in curves.items()},
+  experiment.plot_curves(workdir / "persistence.png", experiment.metric_curves(curves, "attn_tv"),
                          title=f"{results['dataset']}: attention distance from the prior's pattern",
                          ylabel="mean TV distance (layers)")
