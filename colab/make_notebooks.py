@@ -2,6 +2,11 @@
 
   python colab/make_notebooks.py                  # rewrite the .ipynb files (outputs dropped)
   python colab/make_notebooks.py --execute        # and run them here, storing the outputs
+  python colab/make_notebooks.py --sync           # new cell texts, stored outputs kept (same cells)
+
+`--sync` is for edits that change no result (an import path, a comment); a change in what a
+cell computes needs `--execute`. tests/test_notebooks.py checks that the committed notebooks'
+cell texts equal the ones below.
 
 The install cell and the parameter cell are shared by every notebook. With
 MASKPRIOR_SMOKE=1 in the environment, each notebook shrinks its steps and seeds (CI runs
@@ -69,7 +74,8 @@ which on this task misses the truth by a mean squared error of 64 on the unseen 
     code('''
 import numpy as np, jax.numpy as jnp, matplotlib.pyplot as plt
 import maskprior_jax as mp
-from maskprior_jax import boolean, models, priors, qk_init, train
+from maskprior_jax import measure, models, priors, train
+from maskprior_jax.bench.boolean import tasks as boolean
 
 task = boolean.get_task("f3")
 mdi = boolean.minimum_degree_interpolator(task)
@@ -101,9 +107,9 @@ The same small Transformer (dim 64, depth 2, 4 heads), with and without the prio
 seen_x = boolean.seen_points(task, np.random.default_rng(0))
 seen_ids, seen_y = (seen_x > 0).astype(np.int32), task.f(seen_x).astype(np.float32)
 
-def make_model(mask_init=None):
+def make_model(mask=None):
     return models.Transformer(vocab_size=2, dim=64, depth=2, num_heads=HEADS, head_dim=16, mlp_dim=128,
-                              max_len=task.n, mask_init=mask_init)
+                              max_len=task.n, mask=mask)
 
 def fit(model, steps, seed=0):
     variables = model.init(jax.random.key(seed), jnp.zeros((1, task.n), jnp.int32))
@@ -118,7 +124,7 @@ def fit(model, steps, seed=0):
         losses.append(metrics["loss"])
     return state.variables, np.asarray(jax.device_get(losses))
 
-models_ = {"vanilla": make_model(), "mask": make_model(priors.from_matrix(pattern))}
+models_ = {"vanilla": make_model(), "mask": make_model(mp.MaskSettings(priors.from_matrix(pattern)))}
 trained, losses = {}, {}
 for name, model in models_.items():
     trained[name], losses[name] = fit(model, STEPS)
@@ -175,7 +181,7 @@ prior_attn = np.asarray(jax.nn.softmax(jnp.asarray(pattern), -1))
 for h in range(HEADS):
     axes[0, h].imshow(prior_attn[h]); axes[0, h].set_title(f"softmax(prior), head {h}")
 for row, name in ((1, "mask"), (2, "vanilla")):
-    maps = qk_init.attention_maps(models_[name].apply, trained[name], probe)
+    maps = measure.attention_maps(models_[name].apply, trained[name], probe)
     for h in range(HEADS):
         axes[row, h].imshow(np.asarray(maps[0]).mean(0)[h]); axes[row, h].set_title(f"{name}, layer 0, head {h}")
 for ax in axes.flat:
@@ -201,7 +207,9 @@ Small settings on a CPU runtime; GOTU's model size when a GPU or TPU runtime is 
     code(INSTALL),
     code(PARAMS + '''
 import tempfile
-from maskprior_jax import boolean, boolean_run, config
+from maskprior_jax.bench import config
+from maskprior_jax.bench.boolean import run as boolean_run
+from maskprior_jax.bench.boolean import tasks as boolean
 
 METHODS = ["vanilla", "mimetic", "qk", "mask"]
 if SMOKE:
@@ -419,7 +427,9 @@ CPython.
     code(INSTALL),
     code(PARAMS + '''
 import sys, tempfile
-from maskprior_jax import config, vision_language
+from maskprior_jax.bench import config, supervised
+from maskprior_jax.bench.language import run as language_run
+from maskprior_jax.bench.vision import run as vision_run
 
 IN_COLAB = "google.colab" in sys.modules
 DATASET = "mnist" if IN_COLAB and not SMOKE else "digits"
@@ -451,8 +461,8 @@ offsets. `qk`: query/key weights fitted so the initial attention matches the sam
 """),
     code('''
 from IPython.display import Image, Markdown, display
-vision = vision_language.run(vision_cfg, "vision", METHODS, SEEDS, f"{WORKDIR}/vision")
-display(Markdown(vision_language.table(vision)))
+vision = vision_run.run(vision_cfg, METHODS, SEEDS, f"{WORKDIR}/vision")
+display(Markdown(supervised.table(vision)))
 display(Image(f"{WORKDIR}/vision/test_curve.png")); display(Image(f"{WORKDIR}/vision/persistence.png"))'''),
     md("""
 ## The byte-level LM with a recency prior
@@ -462,14 +472,28 @@ character on held-out text; the dashed line is the unigram entropy a model must 
     code('''
 lm_steps = steps if SMOKE else ["--config.train.steps=600", "--config.eval.every_steps=100"]
 language_cfg = config.apply_overrides(config.builtin_config("language"), lm_steps)
-language = vision_language.run(language_cfg, "language", METHODS, [0], f"{WORKDIR}/language")
-display(Markdown(vision_language.table(language)))
+language = language_run.run(language_cfg, METHODS, [0], f"{WORKDIR}/language")
+display(Markdown(supervised.table(language)))
 display(Image(f"{WORKDIR}/language/test_curve.png")); display(Image(f"{WORKDIR}/language/persistence.png"))'''),
     md("""
 The command-line versions, with 3 seeds and the full CPU budget, are `maskprior vision` and
 `maskprior language`; the README holds their results.
 """),
 ]
+
+
+def sync(only=None) -> None:
+  """Put the cell texts below into the committed notebooks, keeping their stored outputs."""
+  for name, cells in NOTEBOOKS.items():
+    if only and name not in only:
+      continue
+    nb = nbformat.read(HERE / name, as_version=4)
+    if [c.cell_type for c in nb.cells] != [c.cell_type for c in cells]:
+      raise SystemExit(f"{name}: the cells changed in number or kind; rerun with --execute")
+    for old, new in zip(nb.cells, cells):
+      old.source = new.source
+    nbformat.write(nb, HERE / name)
+    print("synced", HERE / name)
 
 
 def write(execute: bool, only=None) -> None:
@@ -489,6 +513,10 @@ def write(execute: bool, only=None) -> None:
 if __name__ == "__main__":
   p = argparse.ArgumentParser()
   p.add_argument("--execute", action="store_true")
+  p.add_argument("--sync", action="store_true")
   p.add_argument("--only", nargs="*")
   a = p.parse_args()
-  write(a.execute, a.only)
+  if a.sync:
+    sync(a.only)
+  else:
+    write(a.execute, a.only)

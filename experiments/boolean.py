@@ -6,7 +6,7 @@
 """
 import sys
 
-from maskprior_jax import cli
+from maskprior_jax.bench import cli
 
 if __name__ == "__main__":
   sys.exit(cli.main(["boolean", *sys.argv[1:]]))

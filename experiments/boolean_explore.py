@@ -13,8 +13,10 @@ import pathlib
 
 import numpy as np
 
-from maskprior_jax import boolean, boolean_run, experiment
-from maskprior_jax.config import apply_overrides, builtin_config
+from maskprior_jax.bench import results as experiment
+from maskprior_jax.bench.boolean import run as boolean_run
+from maskprior_jax.bench.boolean import tasks as boolean
+from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 # The exploration started from positions in queries/keys only and outside logit -8; every
 # variant is that base plus its own overrides (the built-in default is now "pos_input_out4").

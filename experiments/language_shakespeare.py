@@ -5,7 +5,7 @@ dim 384, depth 6, 6 heads of 64, MLP 1536, context 256, batch 64, AdamW lr 1e-3,
   maskprior language --config experiments/language_shakespeare.py --data_dir ~/tensorflow_datasets \
       --seeds 3 --workdir runs/shakespeare
 """
-from maskprior_jax.config import builtin_config
+from maskprior_jax.bench.config import builtin_config
 
 
 def get_config():

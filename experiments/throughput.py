@@ -37,7 +37,7 @@ def build(dim, depth, heads, head_dim, mlp, batch, seq, vocab, causal, dtype):
   model = Transformer(vocab_size=vocab, dim=dim, depth=depth, num_heads=heads, head_dim=head_dim, mlp_dim=mlp,
                       max_len=seq, causal=causal, pooling="none" if causal else "cls",
                       head="lm" if causal else "regression", num_outputs=vocab if causal else 1,
-                      mask_init=prior, dtype=dtype)
+                      mask=mp.MaskSettings(prior) if prior is not None else None, dtype=dtype)
   del total
   rng = np.random.default_rng(0)
   if vocab is None:

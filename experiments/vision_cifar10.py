@@ -7,7 +7,7 @@ in this pipeline, so expect less than the papers' augmented numbers.
   maskprior vision --config experiments/vision_cifar10.py --dataset cifar10 --data_dir ~/tensorflow_datasets \
       --seeds 3 --workdir runs/cifar10
 """
-from maskprior_jax.config import builtin_config
+from maskprior_jax.bench.config import builtin_config
 
 
 def get_config():

@@ -1,9 +1,17 @@
-"""maskprior-jax: learnable attention mask priors for JAX/Flax."""
-from maskprior_jax.attention import ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAttention
+"""maskprior-jax: learnable attention mask priors for JAX/Flax.
+
+The mask's path through the library, one file each:
+  priors.py     structure -> initializer (which positions interact, never target values)
+  attention.py  MaskPriorAttention keeps the bias in its own collection, "mask_prior"
+  optim.py      mask_prior_optimizer gives that collection its own rule (or freezes it)
+  train.py      the compiled step and the training loop
+The benchmarks live beside the library in `maskprior_jax.bench` (extra "bench").
+"""
 from maskprior_jax import priors
+from maskprior_jax.attention import ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAttention, MaskSettings
 from maskprior_jax.optim import mask_prior_optimizer, with_mask_transform
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["MASK_PRIOR", "ATTENTION_WEIGHTS", "MaskPriorAttention", "priors",
+__all__ = ["MASK_PRIOR", "ATTENTION_WEIGHTS", "MaskPriorAttention", "MaskSettings", "priors",
            "mask_prior_optimizer", "with_mask_transform", "__version__"]

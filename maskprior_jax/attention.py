@@ -4,13 +4,15 @@ logits[b, h, q, k] = q.k / sqrt(d_head) + B[h, q, k]
 
 `B` lives in the variable collection named by `MASK_PRIOR` ("mask_prior"), never
 in "params", so an optimizer can treat it on its own (see `maskprior_jax.optim`).
-It is created by a Flax-style initializer `mask_init(key, shape, dtype)`; without
-one the module is plain attention and creates no "mask_prior" collection.
-Parameter names and shapes ("query", "key", "value", "out") match
-`flax.linen.MultiHeadDotProductAttention`, so weights are interchangeable.
+It is created by a Flax-style initializer `mask_init(key, shape, dtype)` (or from a plain
+array); without one the module is plain attention and creates no "mask_prior" collection.
+Parameter names and shapes ("query", "key", "value", "out"), attribute names and call
+keywords match `flax.linen.MultiHeadDotProductAttention`, so weights and call sites are
+interchangeable (see the class docstring for what is not supported).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Literal
 
@@ -24,6 +26,34 @@ ATTENTION_WEIGHTS = "attention_weights"
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 MaskKind = Literal["full", "shared", "relative_1d", "relative_2d"]
+MASK_KINDS: tuple[str, ...] = ("full", "shared", "relative_1d", "relative_2d")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSettings:
+  """How a model's attention layers hold their mask prior (one value, passed down whole).
+
+  init: initializer `(key, shape, dtype) -> B` or a plain array (see `MaskPriorAttention`).
+  kind: the bias parameterization (see `mask_shape`).
+  max_len: offset-table size for kind "relative_1d"; grid: (height, width) for "relative_2d".
+  share_layers: one bias for every layer (kind "full" or "shared"), added to each layer's logits.
+  """
+  init: Any
+  kind: MaskKind = "full"
+  max_len: int | None = None
+  grid: tuple[int, int] | None = None
+  share_layers: bool = False
+
+  def __post_init__(self):
+    if self.kind not in MASK_KINDS:
+      raise ValueError(f"unknown mask kind {self.kind!r}; use {', '.join(MASK_KINDS)}")
+    if self.share_layers and self.kind not in ("full", "shared"):
+      raise ValueError("share_layers=True needs kind 'full' or 'shared'")
+
+  def attention_kwargs(self, num_prefix: int = 0) -> dict:
+    """The `MaskPriorAttention` attributes these settings stand for."""
+    return dict(mask_init=self.init, mask_kind=self.kind, max_len=self.max_len, grid=self.grid,
+                num_prefix=num_prefix)
 
 
 def mask_shape(kind: str, num_heads: int, q_len: int, kv_len: int, *,
@@ -96,44 +126,71 @@ def expand_mask(stored: jax.Array, kind: str, num_heads: int, q_len: int, kv_len
   raise ValueError(f"unknown mask_kind {kind!r}")
 
 
-def _attention_weights(query, key, bias, mask):
-  """softmax(q.k/sqrt(d) + bias) with hard mask; (batch, heads, q, kv) in float32."""
+def _softmax_dtype(dtype):
+  """float32 for bf16/f16/f32 inputs, float64 for float64 ones (softmax never below float32)."""
+  return jnp.promote_types(jnp.float32, dtype)
+
+
+def _attention_weights(query, key, bias, mask, precision=None):
+  """softmax(q.k/sqrt(d) + bias) with hard mask; (batch, heads, q, kv) in float32 (float64 for
+  float64 inputs)."""
   depth = query.shape[-1]
-  logits = jnp.einsum("...qhd,...khd->...hqk", query, key).astype(jnp.float32)
-  logits = logits / jnp.sqrt(depth).astype(jnp.float32)
+  dt = _softmax_dtype(query.dtype)
+  logits = jnp.einsum("...qhd,...khd->...hqk", query, key, precision=precision).astype(dt)
+  logits = logits / jnp.sqrt(depth).astype(dt)
   if bias is not None:
-    logits = logits + bias.astype(jnp.float32)
+    logits = logits + bias.astype(dt)
   if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    logits = jnp.where(mask, logits, jnp.finfo(dt).min)
   return jax.nn.softmax(logits, axis=-1)
 
 
 class MaskPriorAttention(nn.Module):
   """Multi-head dot-product attention with a learnable additive mask prior.
 
+  A drop-in for `flax.linen.MultiHeadDotProductAttention`: the same attribute names, call
+  keywords (`inputs_k`, `inputs_v`, `inputs_kv`, `mask`, `deterministic`, `dropout_rng`,
+  `sow_weights`) and parameter tree, plus the mask prior.
+
   Attributes:
     num_heads: number of heads.
     qkv_features: total width of q, k, v (default: input width); d_head = qkv_features / num_heads.
     out_features: output width (default: input width).
-    mask_init: initializer `(key, shape, dtype) -> B`; None means vanilla attention.
+    dropout_rate, broadcast_dropout, deterministic: attention-weight dropout, as in Flax (the
+      "dropout" RNG stream, or `dropout_rng`).
+    mask_init: initializer `(key, shape, dtype) -> B`, or an array broadcast to the stored
+      shape; None means vanilla attention. An initializer from `maskprior_jax.priors` names the
+      mask kinds it was built for, and another kind is refused.
     mask_kind: "full", "shared", "relative_1d" or "relative_2d" (see `mask_shape`).
     max_len: table size for "relative_1d".
     grid: (height, width) patch grid for "relative_2d".
     num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
-    implementation: passed to `jax.nn.dot_product_attention` (None: XLA or cuDNN, chosen by JAX).
-    dtype / param_dtype: computation and parameter dtypes, as in Flax.
+    implementation: passed to `jax.nn.dot_product_attention`. With None, this JAX version
+      runs XLA's attention; "cudnn" asks for cuDNN's fused kernel on a GPU (its support for a
+      learnable bias and its gradient depends on shape and dtype).
+    dtype / param_dtype / precision / kernel_init / out_kernel_init / bias_init /
+      out_bias_init / use_bias: as in Flax.
+
+  Not supported (Flax's attributes missing here on purpose): `decode` (autoregressive
+  cache), `normalize_qk`, `attention_fn`, `force_fp32_for_softmax` (softmax is always
+  float32), and the deprecated dot_general / einsum class hooks.
   """
   num_heads: int
   qkv_features: int | None = None
   out_features: int | None = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
+  broadcast_dropout: bool = True
+  dropout_rate: float = 0.0
+  deterministic: bool | None = None
+  precision: Any = None
   kernel_init: Initializer = nn.initializers.lecun_normal()
   out_kernel_init: Initializer | None = None
   bias_init: Initializer = nn.initializers.zeros_init()
+  out_bias_init: Initializer | None = None
   use_bias: bool = True
-  mask_init: Initializer | None = None
-  mask_kind: str = "full"
+  mask_init: Initializer | jax.Array | np.ndarray | None = None
+  mask_kind: MaskKind = "full"
   max_len: int | None = None
   grid: tuple[int, int] | None = None
   num_prefix: int = 0
@@ -142,20 +199,31 @@ class MaskPriorAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None,
-               inputs_v: jax.Array | None = None, *, mask: jax.Array | None = None,
-               bias: jax.Array | None = None) -> jax.Array:
+               inputs_v: jax.Array | None = None, *, inputs_kv: jax.Array | None = None,
+               mask: jax.Array | None = None, bias: jax.Array | None = None,
+               deterministic: bool | None = None, dropout_rng: jax.Array | None = None,
+               sow_weights: bool = False) -> jax.Array:
     """Attend from `inputs_q` (..., q_len, features) to `inputs_k`/`inputs_v` (..., kv_len, features).
 
-    inputs_k defaults to inputs_q and inputs_v to inputs_k (self-attention).
+    inputs_k defaults to inputs_q and inputs_v to inputs_k (self-attention); `inputs_kv`
+    sets both (Flax's older keyword; not together with inputs_k or inputs_v).
     mask: boolean, broadcastable to (batch, heads, q_len, kv_len); False excludes a pair
       whatever the bias says (Flax's convention).
     bias: an extra additive logit bias broadcastable to (batch, heads, q_len, kv_len), e.g.
       a mask prior shared across layers.
+    deterministic: no attention dropout (defaults to the attribute; needed when dropout_rate > 0).
+    sow_weights: store the attention weights in "intermediates" under ATTENTION_WEIGHTS.
     """
+    if inputs_kv is not None:
+      if inputs_k is not None or inputs_v is not None:
+        raise ValueError("give inputs_kv, or inputs_k/inputs_v, not both")
+      inputs_k = inputs_v = inputs_kv
     if inputs_k is None:
       inputs_k = inputs_q
     if inputs_v is None:
       inputs_v = inputs_k
+    if self.mask_kind not in MASK_KINDS:
+      raise ValueError(f"unknown mask_kind {self.mask_kind!r}; use {', '.join(MASK_KINDS)}")
     features = self.out_features or inputs_q.shape[-1]
     qkv_features = self.qkv_features or inputs_q.shape[-1]
     if qkv_features % self.num_heads:
@@ -164,7 +232,7 @@ class MaskPriorAttention(nn.Module):
     dense = functools.partial(nn.DenseGeneral, axis=-1, features=(self.num_heads, head_dim),
                               dtype=self.dtype, param_dtype=self.param_dtype,
                               kernel_init=self.kernel_init, bias_init=self.bias_init,
-                              use_bias=self.use_bias)
+                              use_bias=self.use_bias, precision=self.precision)
     query = dense(name="query")(inputs_q)
     key = dense(name="key")(inputs_k)
     value = dense(name="value")(inputs_v)
@@ -176,7 +244,7 @@ class MaskPriorAttention(nn.Module):
                          max_len=self.max_len, grid=self.grid)
       stored = self.variable(MASK_PRIOR, "bias",
                              lambda: _checked_init(self.mask_init, self.make_rng("params"),
-                                                   shape, self.param_dtype))
+                                                   shape, self.param_dtype, self.mask_kind))
       if stored.value.shape != shape:
         raise ValueError(f"mask prior has shape {stored.value.shape}, expected {shape} "
                          f"for mask_kind={self.mask_kind!r}")
@@ -184,18 +252,31 @@ class MaskPriorAttention(nn.Module):
                           max_len=self.max_len, grid=self.grid, num_prefix=self.num_prefix)
       total_bias = prior if total_bias is None else total_bias + prior
 
+    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic) \
+        if self.dropout_rate > 0.0 else True
     compute_dtype = self.dtype or query.dtype
-    if self.sow_weights or self.is_mutable_collection("intermediates"):
-      # Explicit path: the attention weights are needed (persistence measurements).
-      weights = _attention_weights(query, key, total_bias, mask)
-      self.sow("intermediates", ATTENTION_WEIGHTS, weights)
-      out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value)
+    sow = self.sow_weights or sow_weights or self.is_mutable_collection("intermediates")
+    # Explicit path where the weights are needed (dropout, persistence measurements), and for
+    # float64, which the fused path would round to float32 inside its softmax.
+    if not deterministic or sow or query.dtype == jnp.float64:
+      weights = _attention_weights(query, key, total_bias, mask, self.precision)
+      if sow:
+        self.sow("intermediates", ATTENTION_WEIGHTS, weights)
+      if not deterministic:
+        rng = dropout_rng if dropout_rng is not None else self.make_rng("dropout")
+        keep_shape = weights.shape
+        if self.broadcast_dropout:   # one mask for every query row of a head, as Flax does
+          keep_shape = keep_shape[:-2] + (1, keep_shape[-1])
+        keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, keep_shape)
+        weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
+      out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value, precision=self.precision)
     else:
       out = _fused_attention(query, key, value, total_bias, mask, self.implementation)
     return nn.DenseGeneral(features=features, axis=(-2, -1),
                            kernel_init=self.out_kernel_init or self.kernel_init,
-                           bias_init=self.bias_init, use_bias=self.use_bias,
-                           dtype=self.dtype, param_dtype=self.param_dtype, name="out")(out)
+                           bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
+                           dtype=self.dtype, param_dtype=self.param_dtype, precision=self.precision,
+                           name="out")(out)
 
 
 def _fused_attention(query, key, value, bias, mask, implementation):
@@ -225,8 +306,19 @@ def _fused_attention(query, key, value, bias, mask, implementation):
   return out.reshape(lead + out.shape[1:])
 
 
-def _checked_init(init, key, shape, dtype):
-  value = jnp.asarray(init(key, shape, dtype))
+def _checked_init(init, key, shape, dtype, kind: str | None = None):
+  """The initial bias: `init(key, shape, dtype)` (or an array broadcast to `shape`), checked."""
+  kinds = getattr(init, "mask_kinds", None)
+  if kind is not None and kinds is not None and kind not in kinds:
+    raise ValueError(f"this mask prior was built for mask_kind {' or '.join(kinds)}, not {kind!r}")
+  if callable(init):
+    value = jnp.asarray(init(key, shape, dtype))
+  else:
+    try:
+      value = jnp.broadcast_to(jnp.asarray(init, jnp.float32), tuple(shape))
+    except ValueError:
+      raise ValueError(f"mask_init array of shape {np.shape(init)} does not broadcast to the mask "
+                       f"shape {tuple(shape)}") from None
   if value.shape != tuple(shape):
     raise ValueError(f"mask_init returned shape {value.shape}, expected {tuple(shape)}")
   if not isinstance(value, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(value))):

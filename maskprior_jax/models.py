@@ -8,16 +8,14 @@ embeddings, so they reach the values) or only where queries and keys are formed
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskprior_jax.attention import MASK_PRIOR, MaskPriorAttention, _checked_init, mask_shape
-
-Initializer = Callable[..., jax.Array]
+from maskprior_jax.attention import MASK_PRIOR, MaskPriorAttention, MaskSettings, _checked_init, mask_shape
 
 
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
@@ -35,10 +33,7 @@ class Block(nn.Module):
   num_heads: int
   head_dim: int
   mlp_dim: int
-  mask_init: Initializer | None = None
-  mask_kind: str = "full"
-  mask_max_len: int | None = None
-  mask_grid: tuple[int, int] | None = None
+  mask: MaskSettings | None = None
   num_prefix: int = 0
   dtype: Any = None
 
@@ -46,10 +41,9 @@ class Block(nn.Module):
   def __call__(self, x, *, qk_pos=None, mask=None, bias=None):
     h = nn.LayerNorm(dtype=self.dtype, name="ln_attn")(x)
     hqk = h if qk_pos is None else h + qk_pos
-    attn = MaskPriorAttention(
-        num_heads=self.num_heads, qkv_features=self.num_heads * self.head_dim,
-        mask_init=self.mask_init, mask_kind=self.mask_kind, max_len=self.mask_max_len,
-        grid=self.mask_grid, num_prefix=self.num_prefix, dtype=self.dtype, name="attn")
+    mask_kwargs = self.mask.attention_kwargs(self.num_prefix) if self.mask is not None else {}
+    attn = MaskPriorAttention(num_heads=self.num_heads, qkv_features=self.num_heads * self.head_dim,
+                              dtype=self.dtype, name="attn", **mask_kwargs)
     x = x + attn(hqk, hqk, h, mask=mask, bias=bias)
     h = nn.LayerNorm(dtype=self.dtype, name="ln_mlp")(x)
     h = nn.Dense(self.mlp_dim, dtype=self.dtype, name="mlp_in")(h)
@@ -70,10 +64,9 @@ class Transformer(nn.Module):
     pooling: "cls" (a learned token prepended at position 0), "mean", or "none" (per token).
     num_outputs: output width; 1 with head="regression" gives a scalar per example.
     head: "regression", "classification" or "lm" (per-token logits, needs pooling="none").
-    mask_init: one initializer for every layer's mask prior, or a sequence (one per
-      layer, None for a layer without prior); None: vanilla.
-    mask_kind, mask_max_len, mask_grid: see `MaskPriorAttention`.
-    share_mask: one prior shared by all layers (mask_kind "full" or "shared").
+    mask: the mask prior, as `MaskSettings` (the same for every layer, or one bias shared by
+      all layers with `share_layers`), or a sequence with one `MaskSettings` or None per
+      layer; None: vanilla.
   Token positions inside the model count the CLS token (if any) as position 0.
   """
   vocab_size: int | None
@@ -89,20 +82,18 @@ class Transformer(nn.Module):
   pooling: str = "cls"
   num_outputs: int = 1
   head: str = "regression"
-  mask_init: Initializer | Sequence[Initializer | None] | None = None
-  mask_kind: str = "full"
-  mask_max_len: int | None = None
-  mask_grid: tuple[int, int] | None = None
-  share_mask: bool = False
+  mask: MaskSettings | Sequence[MaskSettings | None] | None = None
   dtype: Any = None
 
-  def _layer_inits(self):
-    if self.mask_init is None or callable(self.mask_init):
-      return [self.mask_init] * self.depth
-    inits = list(self.mask_init)
-    if len(inits) != self.depth:
-      raise ValueError(f"{len(inits)} mask initializers for depth {self.depth}")
-    return inits
+  def _layer_masks(self) -> list[MaskSettings | None]:
+    if self.mask is None or isinstance(self.mask, MaskSettings):
+      return [self.mask] * self.depth
+    masks = list(self.mask)
+    if len(masks) != self.depth:
+      raise ValueError(f"{len(masks)} mask settings for depth {self.depth}")
+    if any(m is not None and m.share_layers for m in masks):
+      raise ValueError("share_layers=True takes one MaskSettings, not one per layer")
+    return masks
 
   @nn.compact
   def __call__(self, inputs: jax.Array, *, padding_mask: jax.Array | None = None) -> jax.Array:
@@ -151,24 +142,20 @@ class Transformer(nn.Module):
 
     head_dim = self.head_dim or self.dim // self.num_heads
     shared_bias = None
-    inits = self._layer_inits()
-    if self.share_mask and self.mask_init is not None:
-      if not callable(self.mask_init):
-        raise ValueError("share_mask=True takes one mask_init, not one per layer")
-      if self.mask_kind not in ("full", "shared"):
-        raise ValueError("share_mask=True needs mask_kind 'full' or 'shared'")
-      shape = mask_shape(self.mask_kind, self.num_heads, seq, seq)
+    masks = self._layer_masks()
+    if isinstance(self.mask, MaskSettings) and self.mask.share_layers:
+      kind = self.mask.kind
+      shape = mask_shape(kind, self.num_heads, seq, seq)
       shared_bias = self.variable(MASK_PRIOR, "shared_bias", lambda: _checked_init(
-          self.mask_init, self.make_rng("params"), shape, jnp.float32)).value
-      if self.mask_kind == "shared":
+          self.mask.init, self.make_rng("params"), shape, jnp.float32, kind)).value
+      if kind == "shared":
         shared_bias = shared_bias[None]
-      inits = [None] * self.depth
+      masks = [None] * self.depth
 
-    for i, init in enumerate(inits):
-      x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim,
-                mask_init=init, mask_kind=self.mask_kind, mask_max_len=self.mask_max_len,
-                mask_grid=self.mask_grid, num_prefix=prefix, dtype=self.dtype,
-                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask, bias=shared_bias)
+    for i, layer_mask in enumerate(masks):
+      x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim, mask=layer_mask,
+                num_prefix=prefix, dtype=self.dtype, name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask,
+                                                                        bias=shared_bias)
     x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
 
     if self.head == "lm":
@@ -182,7 +169,8 @@ class Transformer(nn.Module):
       else:
         w = padding_mask[..., None].astype(x.dtype)
         x = (x * w).sum(1) / jnp.maximum(w.sum(1), 1)
-    out = nn.Dense(self.num_outputs, dtype=jnp.float32, name="head")(x).astype(jnp.float32)
+    out_dtype = jnp.promote_types(jnp.float32, x.dtype)   # float32 outputs, even for a bf16 model
+    out = nn.Dense(self.num_outputs, dtype=out_dtype, name="head")(x).astype(out_dtype)
     if self.head == "regression" and self.num_outputs == 1:
       out = out[..., 0]
     return out

@@ -1,15 +1,19 @@
 """Optimizers that know the mask-prior collection.
 
-The trainable tree is `{"params": ..., "mask_prior": ...}` (what `model.init` returns,
-minus non-trainable collections). `with_mask_transform` routes each collection to its
-own optax transformation with `optax.partition`; `mask_prior_optimizer` builds the usual
-case from a few numbers: the mask's own learning rate (multiplier or schedule), no weight
-decay on it unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
+The variable tree is what `model.init` returns: `{"params": ..., "mask_prior": ...}` and
+possibly model state such as "batch_stats" or "cache". `with_mask_transform` routes every
+collection explicitly with `optax.partition`: "params" to the weights' transformation,
+"mask_prior" to the mask's, and every other collection to `optax.set_to_zero()` (no
+update, no weight decay, no optimizer state: such collections are the model's to change,
+e.g. through `mutable=["batch_stats"]`). `mask_prior_optimizer` builds the usual case from
+a few numbers: the mask's own learning rate (multiplier or schedule), no weight decay on it
+unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import optax
 
 from maskprior_jax.attention import MASK_PRIOR
@@ -17,19 +21,24 @@ from maskprior_jax.attention import MASK_PRIOR
 Schedule = Callable[[Any], Any]
 
 
+UNTOUCHED = "untouched"
+
+
 def collection_labels(tree: dict) -> dict:
-  """Label every leaf by its top-level collection: "mask_prior" or "params" (all others)."""
-  import jax
-  return {name: jax.tree.map(lambda _, n=name: MASK_PRIOR if n == MASK_PRIOR else "params", sub)
-          for name, sub in tree.items()}
+  """Label every leaf by its top-level collection: "params", "mask_prior", or "untouched"
+  (every other collection: model state the optimizer must never change)."""
+  def label(name):
+    return name if name in ("params", MASK_PRIOR) else UNTOUCHED
+  return {name: jax.tree.map(lambda _, n=name: label(n), sub) for name, sub in tree.items()}
 
 
 def with_mask_transform(params_tx: optax.GradientTransformation,
                         mask_tx: optax.GradientTransformation | None) -> optax.GradientTransformation:
-  """One transformation over `{"params", "mask_prior"}`: `params_tx` for the weights,
-  `mask_tx` for the mask prior (None freezes it: zero updates and no optimizer state)."""
-  return optax.partition({"params": params_tx, MASK_PRIOR: mask_tx or optax.set_to_zero()},
-                         collection_labels)
+  """One transformation over a variable tree: `params_tx` for "params", `mask_tx` for the mask
+  prior (None freezes it: zero updates and no optimizer state), and zero updates for any other
+  collection ("batch_stats", "cache", ...)."""
+  return optax.partition({"params": params_tx, MASK_PRIOR: mask_tx or optax.set_to_zero(),
+                          UNTOUCHED: optax.set_to_zero()}, collection_labels)
 
 
 def _scaled(lr: float | Schedule, factor: float) -> float | Schedule:

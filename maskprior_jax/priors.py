@@ -4,17 +4,27 @@ Each builder returns `init(key, shape, dtype) -> B` for `MaskPriorAttention(mask
 The shape the module asks for depends on `mask_kind` (see `attention.mask_shape`):
 "full" (heads, q_len, kv_len), "shared" (q_len, kv_len), "relative_1d"
 (heads, 2*max_len-1), "relative_2d" (heads, (2gh-1)*(2gw-1)).
-A builder checks the shape it is asked for and raises a ValueError naming the mismatch.
-Priors use only structure (which positions interact), never target values.
+A builder checks the shape it is asked for and raises a ValueError naming the mismatch,
+and names the mask kinds it serves (`init.mask_kinds`), so that `MaskPriorAttention` refuses
+it under another kind. Priors use only structure (which positions interact), never target
+values.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from maskprior_jax.attention import relative_2d_index
+
+
+def _for_kinds(*kinds: str):
+  """Mark an initializer with the mask kinds whose stored shape it understands."""
+  def mark(init):
+    init.mask_kinds = kinds
+    return init
+  return mark
 
 
 def _finish(value: np.ndarray, shape, dtype, what: str):
@@ -29,7 +39,7 @@ def _finish(value: np.ndarray, shape, dtype, what: str):
   return jnp.asarray(value + 0.0, dtype=dtype)  # +0.0 turns -0.0 into 0.0
 
 
-def from_matrix(matrix) -> callable:
+def from_matrix(matrix) -> Callable:
   """Initializer returning `matrix`, broadcast to the requested shape.
 
   A (q_len, kv_len) matrix serves every head of a "full" mask; a (heads, q_len, kv_len)
@@ -37,6 +47,7 @@ def from_matrix(matrix) -> callable:
   """
   matrix = np.asarray(matrix, dtype=np.float32)
 
+  @_for_kinds("full", "shared")
   def init(key, shape, dtype=jnp.float32):
     del key
     return _finish(matrix, shape, dtype, "from_matrix")
@@ -102,6 +113,7 @@ def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
   per_head=True: one head per group (round-robin when groups outnumber heads); else every
   head shares the union pattern. See `group_matrix` for the logit values.
   """
+  @_for_kinds("full", "shared")
   def init(key, shape, dtype=jnp.float32):
     del key
     if len(shape) == 3:
@@ -131,6 +143,7 @@ def locality_1d(slopes: Sequence[float] | None = None, *, scale: float = 1.0):
   Works for "full" (heads, q, kv) and "relative_1d" (heads, 2*max_len-1) masks; slopes
   default to ALiBi's 2^(-8h/H).
   """
+  @_for_kinds("full", "relative_1d")
   def init(key, shape, dtype=jnp.float32):
     del key
     if len(shape) not in (2, 3):
@@ -173,6 +186,7 @@ def locality_2d(grid: tuple[int, int], *, offsets: Sequence[tuple[int, int]] | N
       raise ValueError(f"locality_2d: {len(s)} slopes for {heads} heads")
     return -s[:, None] * np.sqrt(dy ** 2 + dx ** 2)[None]
 
+  @_for_kinds("relative_2d", "full")
   def init(key, shape, dtype=jnp.float32):
     del key
     table_len = (2 * gh - 1) * (2 * gw - 1)

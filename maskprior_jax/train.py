@@ -1,15 +1,20 @@
 """Compiled training: a train-state pytree, a jitted (optionally seed-vmapped, multi-step)
-train step that is data parallel over a device mesh, an equivalent pmap step, an eval step,
-and a loop that prints progress without stalling the device.
+train step that is data parallel over a device mesh (or FSDP-sharded), an eval step, and
+`train_seeds`, the one training loop every benchmark runs (seed-parallel, with periodic
+evaluation, checkpoints and SIGTERM handling). `make_pmap_train_step` is the legacy `pmap`
+form of the same step, kept for code written against pmap; new code uses `make_train_step`.
 
-A loss function has the signature `loss_fn(variables, batch, rng) -> (loss, metrics)`,
-where `variables` is the trainable tree {"params": ..., "mask_prior": ...}.
+A loss function has the signature `loss_fn(variables, batch, rng) -> (loss, metrics)`, where
+`variables` is the model's variable tree {"params": ..., "mask_prior": ..., ...}. A model with
+state of its own (e.g. "batch_stats") returns the new collections in
+`metrics[UPDATED_COLLECTIONS]`; they replace the old ones after the optimizer step (the
+optimizer of `maskprior_jax.optim` never changes them itself).
 """
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Sequence
 
 import flax
 import jax
@@ -19,6 +24,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
+UPDATED_COLLECTIONS = "updated_collections"
+
+
+class NonFiniteLoss(RuntimeError):
+  """The loss became NaN or infinite; the last good state was kept."""
 
 
 @flax.struct.dataclass
@@ -60,10 +70,12 @@ def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None
   def step(state: TrainState, batch):
     rng, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.variables, batch, sub)
+    metrics = dict(metrics)
+    updated = metrics.pop(UPDATED_COLLECTIONS, {})
     if grad_reduce is not None:
-      grads, loss, metrics = grad_reduce((grads, loss, metrics))
+      grads, loss, metrics, updated = grad_reduce((grads, loss, metrics, updated))
     updates, opt_state = tx.update(grads, state.opt_state, state.variables)
-    variables = optax.apply_updates(state.variables, updates)
+    variables = {**optax.apply_updates(state.variables, updates), **updated}
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, variables, opt_state, jax.random.key_data(rng)), metrics
   return step
@@ -120,8 +132,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
 
 
 def make_pmap_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, axis_name: str = "batch"):
-  """The same step under `jax.pmap`: state replicated per device, batch split on its
-  leading device axis, gradients averaged with `lax.pmean`."""
+  """Legacy path: the same step under `jax.pmap` (state replicated per device, batch split on
+  its leading device axis, gradients averaged with `lax.pmean`). Tested to equal the
+  single-device step; the benchmarks use `make_train_step` with a mesh instead."""
   reduce = lambda tree: jax.lax.pmean(tree, axis_name)
   return jax.pmap(_step_fn(loss_fn, tx, reduce), axis_name=axis_name, donate_argnums=(0,))
 
@@ -144,7 +157,7 @@ def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = N
 
 
 class Progress:
-  """Prints `label step/total loss steps/s` every `every` steps (or a tqdm bar when asked)."""
+  """Prints `[label] step k/total loss=... (steps/s, elapsed)` every `every` steps."""
 
   def __init__(self, total: int, label: str = "", every: int = 100, stream=sys.stderr,
                enabled: bool = True):
@@ -165,27 +178,94 @@ class Progress:
           f"{now - self.t0:.0f}s)", file=self.stream, flush=True)
 
 
-def run_steps(step_fn, state: TrainState, batches: Iterator, num_steps: int, *,
-              progress: Progress | None = None, on_metrics: Callable[[int, dict], None] | None = None,
-              steps_per_call: int = 1):
-  """Run `num_steps` steps. Metrics of call i are fetched after call i+1 is dispatched,
-  so the host never blocks the device. Returns the final state."""
-  pending = None
-  done = 0
-  while done < num_steps:
-    state, metrics = step_fn(state, next(batches))
-    done += steps_per_call
-    if pending is not None:
-      _report(*pending, progress, on_metrics)
-    pending = (done, metrics)
-  if pending is not None:
-    _report(*pending, progress, on_metrics)
-  return state
+def stack_trees(trees: Sequence[Any]) -> Any:
+  """Stack pytrees of the same structure along a new leading (seed) axis."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def _report(step, metrics, progress, on_metrics):
-  host = jax.device_get(metrics)
-  if on_metrics is not None:
-    on_metrics(step, host)
-  if progress is not None:
-    progress.update(step, {"loss": host["loss"]})
+def _host(d: dict) -> dict:
+  return {k: np.asarray(jax.device_get(v)).tolist() for k, v in d.items()}
+
+
+def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables: Sequence[dict],
+                seeds: Sequence[int], batch_fn: Callable[[int, Sequence[int]], Any], steps: int,
+                steps_per_call: int, eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
+                log_every: int = 250, checkpointer=None, checkpoint_every: int = 0, mesh: Mesh | None = None,
+                fsdp: bool = False) -> tuple[TrainState, list[dict]]:
+  """The training loop: one run per seed, all seeds in a single vmapped program.
+
+  batch_fn(step, seeds) -> batch with a leading seed axis (a function of seed and step, so a
+  resumed run sees the batches it would have seen). With a `mesh` (see `data_mesh`), every
+  seed's batch is split over the mesh's "data" axis (data parallel, the state replicated); the
+  batch size must divide by its size. Each process then feeds only its rows of the global
+  batch (`distributed.process_slice`). With `fsdp` as well, large state leaves are split over
+  the mesh (`fsdp_sharding`).
+
+  eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
+  `eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`), the
+  state and the eval history are saved every `checkpoint_every` steps, at the end and on
+  SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its latest
+  checkpoint. A non-finite loss raises `NonFiniteLoss` without replacing the last good state.
+  Returns the final stacked state and the eval history.
+  """
+  from maskprior_jax import checkpoint as ckpt
+  for name, value in (("eval.every_steps", eval_every), ("train.steps", steps),
+                      ("checkpoint.every_steps", checkpoint_every)):
+    if value % steps_per_call:
+      raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
+  states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
+  state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and fsdp) else None
+  step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
+                            state_sharding=state_sharding)
+  lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
+
+  def place(batch):
+    if mesh is None:
+      return batch
+    from maskprior_jax import distributed
+    local = jax.tree.map(lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)],
+                         batch)
+    return distributed.global_batch(local, mesh, lead)
+  done, history = 0, None
+  if checkpointer is not None:
+    restored = checkpointer.restore_latest(jax.device_get(states))
+    if restored is not None:
+      states, record = restored
+      done, history = int(record["step"]), record["history"]
+      print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
+  if mesh is not None:
+    states = jax.device_put(states, state_sharding or replicated(mesh))
+  if history is None:
+    history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
+  progress = Progress(steps, label=label, every=log_every)
+  progress.last_step = done
+
+  def save(step, wait=False):
+    if checkpointer is not None:
+      checkpointer.save(step, jax.device_get(states), {"step": step, "history": history}, wait=wait)
+
+  try:
+    with ckpt.SigtermFlag() as sigterm:
+      while done < steps:
+        chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+        batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
+        new_states, metrics = step_fn(states, place(batch))
+        # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
+        loss = np.asarray(jax.device_get(metrics["loss"]))
+        if not np.all(np.isfinite(loss)):
+          raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {done} and "
+                              f"{done + steps_per_call}; last good checkpoint kept. Lower train.learning_rate")
+        states, done = new_states, done + steps_per_call
+        if done % log_every == 0 or done == steps:
+          progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
+        if done % eval_every == 0 or done == steps:
+          history.append({"step": done, **_host(eval_fn(done, states.variables))})
+        if (checkpoint_every and done % checkpoint_every == 0) or done == steps:
+          save(done, wait=done == steps)
+        if sigterm.raised:
+          save(done, wait=True)
+          raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
+  finally:
+    if checkpointer is not None:
+      checkpointer.wait()  # a pending async save reaches disk whatever ends the loop
+  return states, history

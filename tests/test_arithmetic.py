@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from maskprior_jax import arithmetic as A
-from maskprior_jax import cli
+from maskprior_jax.bench.arithmetic import tasks as A
+from maskprior_jax.bench import cli
 
 
 def _keys(a, b, base):

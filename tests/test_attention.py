@@ -1,3 +1,4 @@
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,9 @@ def test_bias_changes_output_and_is_not_a_param():
   m = mp.MaskPriorAttention(num_heads=4, mask_init=priors.interaction_groups([[0, 1], [2, 3, 4]]))
   v = m.init(jax.random.key(0), x)
   assert v[mp.MASK_PRIOR]["bias"].shape == (4, 6, 6)
-  assert "bias" not in jax.tree_util.tree_structure(v["params"]).__repr__() or "query" in v["params"]
+  assert set(v["params"]) == {"query", "key", "value", "out"}          # the bias is no parameter
+  assert all(k[-1] != "bias" or k[0] in ("query", "key", "value", "out")
+             for k in flax.traverse_util.flatten_dict(v["params"]))
   zero = {"params": v["params"], mp.MASK_PRIOR: {"bias": jnp.zeros((4, 6, 6))}}
   assert not np.allclose(m.apply(v, x), m.apply(zero, x))
 
@@ -158,3 +161,94 @@ def test_nnx_bridge_sees_mask_as_its_own_variable_type():
   assert jax.tree.leaves(masks)[0].shape == (2, 6, 6)
   assert all(leaf.shape != (2, 6, 6) for leaf in jax.tree.leaves(params))
   assert model(x).shape == x.shape
+
+
+def test_drop_in_call_keywords_match_flax():
+  """inputs_kv, deterministic and attention dropout behave as in Flax's module, with the same weights."""
+  q, kv = _x((2, 3, 16)), _x((2, 7, 16), 1)
+  ref = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=16, dropout_rate=0.5, broadcast_dropout=False)
+  ours = mp.MaskPriorAttention(num_heads=4, qkv_features=16, dropout_rate=0.5, broadcast_dropout=False)
+  v = ref.init(jax.random.key(0), q, inputs_kv=kv, deterministic=True)
+  assert jax.tree.structure(v) == jax.tree.structure(ours.init(jax.random.key(0), q, inputs_kv=kv,
+                                                               deterministic=True))
+  np.testing.assert_allclose(ours.apply(v, q, inputs_kv=kv, deterministic=True),
+                             ref.apply(v, q, inputs_kv=kv, deterministic=True), atol=1e-5)
+  np.testing.assert_allclose(ours.apply(v, q, inputs_kv=kv, deterministic=True), ours.apply(v, q, kv, deterministic=True))
+  a = ours.apply(v, q, inputs_kv=kv, deterministic=False, rngs={"dropout": jax.random.key(3)})
+  b = ours.apply(v, q, inputs_kv=kv, deterministic=False, rngs={"dropout": jax.random.key(4)})
+  assert not np.allclose(a, b)                                         # dropout is on and keyed
+  with pytest.raises(Exception, match="deterministic"):                 # Flax's rule: say which mode
+    ours.apply(v, q, inputs_kv=kv)
+  with pytest.raises(ValueError, match="not both"):
+    ours.apply(v, q, kv, inputs_kv=kv, deterministic=True)
+
+
+def test_mask_init_accepts_an_array_and_refuses_a_prior_of_another_kind():
+  x = _x()
+  eye = np.eye(6, dtype=np.float32)
+  v = mp.MaskPriorAttention(num_heads=2, mask_init=eye).init(jax.random.key(0), x)
+  np.testing.assert_array_equal(v[mp.MASK_PRIOR]["bias"], np.broadcast_to(eye, (2, 6, 6)))
+  with pytest.raises(ValueError, match="does not broadcast"):
+    mp.MaskPriorAttention(num_heads=2, mask_init=np.zeros((5, 5))).init(jax.random.key(0), x)
+  grid = (2, 3)
+  wrong = mp.MaskPriorAttention(num_heads=2, mask_init=priors.locality_1d(), mask_kind="relative_2d", grid=grid)
+  with pytest.raises(ValueError, match="built for mask_kind full or relative_1d, not 'relative_2d'"):
+    wrong.init(jax.random.key(0), _x((1, 6, 16)))
+  with pytest.raises(ValueError, match="not 'relative_1d'"):
+    mp.MaskPriorAttention(num_heads=2, mask_init=priors.locality_2d(grid), mask_kind="relative_1d",
+                          max_len=6).init(jax.random.key(0), _x((1, 6, 16)))
+
+
+def test_batch_stats_are_changed_by_the_model_never_by_the_optimizer():
+  """A BatchNorm + MaskPriorAttention model: the optimizer leaves batch_stats alone (no update, no
+  weight decay, no state); the training step takes them from the model's own update."""
+  from maskprior_jax import train
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train_mode: bool):
+      x = nn.BatchNorm(use_running_average=not train_mode, momentum=0.5)(x)
+      x = mp.MaskPriorAttention(num_heads=2, mask_init=priors.interaction_groups([[0, 1], [2, 3]]))(x)
+      return x.mean((-1, -2))
+
+  net = Net()
+  x = _x((8, 6, 16))
+  y = jnp.arange(8.0)
+  variables = net.init(jax.random.key(0), x, train_mode=False)
+  assert set(variables) == {"params", mp.MASK_PRIOR, "batch_stats"}
+  tx = mp.mask_prior_optimizer(0.1, name="adamw", weight_decay=0.5)
+  # The helper: zero update on batch_stats even with a non-zero gradient and weight decay.
+  grads = jax.grad(lambda v: jnp.mean((net.apply(v, x, train_mode=False) - y) ** 2))(variables)
+  assert float(jnp.abs(grads["batch_stats"]["BatchNorm_0"]["mean"]).max()) > 0
+  opt_state = tx.init(variables)
+  assert not jax.tree.leaves(opt_state.inner_states["untouched"])      # no moments for model state
+  updates, _ = tx.update(grads, opt_state, variables)
+  assert all(float(jnp.abs(u).max()) == 0 for u in jax.tree.leaves(updates["batch_stats"]))
+  assert float(jnp.abs(updates["params"]["BatchNorm_0"]["scale"]).max()) > 0
+
+  def loss_fn(v, batch, rng):
+    del rng
+    pred, new = net.apply(v, batch["x"], train_mode=True, mutable=["batch_stats"])
+    return jnp.mean((pred - batch["y"]) ** 2), {train.UPDATED_COLLECTIONS: new}
+
+  state = train.create_state(variables, tx, jax.random.key(0))
+  step = train.make_train_step(loss_fn, tx, donate=False)
+  for i in range(3):
+    expected = net.apply(state.variables, x + i, train_mode=True, mutable=["batch_stats"])[1]["batch_stats"]
+    state, _ = step(state, {"x": x + i, "y": y})
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(state.variables["batch_stats"])):
+      # The model's own update: the compiled step and this eager apply may round differently by a
+      # few float32 ulps (eps = 1.2e-7); an optimizer step at lr 0.1 would move them by ~0.1.
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=8 * np.finfo(np.float32).eps, atol=0)
+  assert float(jnp.abs(state.variables["batch_stats"]["BatchNorm_0"]["mean"]).max()) > 0
+
+
+def test_the_library_imports_no_benchmark_dependency():
+  import subprocess
+  import sys
+  code = ("import sys, maskprior_jax, maskprior_jax.train, maskprior_jax.models, maskprior_jax.measure, "
+          "maskprior_jax.baselines, maskprior_jax.checkpoint, maskprior_jax.distributed, maskprior_jax.nnx\n"
+          "heavy = {'matplotlib', 'sklearn', 'tensorboardX', 'tensorflow_datasets', 'ml_collections'}\n"
+          "print(sorted(heavy & set(sys.modules)) + sorted(m for m in sys.modules if m.startswith('maskprior_jax.bench')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"

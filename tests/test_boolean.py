@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from maskprior_jax import boolean as B
+from maskprior_jax.bench.boolean import tasks as B
 
 # RESEARCH.md's table: the MDI of each task and its unseen MSE against the truth.
 EXPECTED_MDI = {

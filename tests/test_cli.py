@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from maskprior_jax import cli
+from maskprior_jax.bench import cli
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
          "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20"]
@@ -13,7 +13,7 @@ SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--conf
 
 def _run(args, cwd):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "maskprior_jax.cli", *args], cwd=cwd, env=env,
+  return subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=600)
 
 

@@ -17,7 +17,8 @@ def _free_port():
 
 
 def _env(devices):
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "1",
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
 def test_two_processes_agree_with_one(tmp_path):

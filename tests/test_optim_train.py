@@ -6,10 +6,21 @@ import maskprior_jax as mp
 from maskprior_jax import priors, train
 from maskprior_jax.models import Transformer
 
+# Equality tests between differently batched or sharded programs (vmapped, scanned, sharded,
+# pmapped) run in float64: the programs sum in different orders, and float32 rounding noise,
+# amplified by a few optimizer steps, depends on the CPU. In float64 that noise is ~1e-16, far
+# inside the tolerances, so the tolerances still catch any real difference.
+def x64():
+  return jax.enable_x64(True)
+
+
+def _f64(tree):
+  return jax.tree.map(lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
 
 def _model(**kw):
   return Transformer(vocab_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, max_len=6,
-                     mask_init=priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0]), **kw)
+                     mask=mp.MaskSettings(priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0])), **kw)
 
 
 def _batch(seed, size=16):
@@ -27,8 +38,10 @@ def _loss_fn(model):
   return loss_fn
 
 
-def _state(model, tx, seed=0):
+def _state(model, tx, seed=0, f64=False):
   variables = model.init(jax.random.key(seed), jnp.zeros((1, 6), jnp.int32))
+  if f64:
+    variables = _f64(variables)
   return train.create_state(variables, tx, jax.random.key(seed))
 
 
@@ -79,23 +92,25 @@ def test_mask_weight_decay_off_unless_asked():
     assert par_moved > 0 and (mask_moved > 0) == moves
 
 
-def _run_single(model, tx, batches):
-  state = _state(model, tx)
+def _run_single(model, tx, batches, f64=False):
+  state = _state(model, tx, f64=f64)
   step = train.make_train_step(_loss_fn(model), tx, donate=False)
   for b in batches:
     state, m = step(state, b)
   return state, m
 
 
+@x64()
 def test_data_parallel_step_equals_single_device():
   assert jax.device_count() == 8
   model = _model()
   # SGD: Adam's normalisation would blow float-order noise in near-zero gradients up to lr.
   tx = mp.mask_prior_optimizer(0.1, name="sgd")
   batches = [_batch(i, 32) for i in range(3)]
-  single, m1 = _run_single(model, tx, batches)
+  single, m1 = _run_single(model, tx, batches, f64=True)
+  assert single.variables["params"]["head"]["kernel"].dtype == jnp.float64
   mesh = train.data_mesh()
-  state = jax.device_put(_state(model, tx), train.replicated(mesh))
+  state = jax.device_put(_state(model, tx, f64=True), train.replicated(mesh))
   step = train.make_train_step(_loss_fn(model), tx, mesh=mesh)
   for b in batches:
     b = jax.device_put(b, train.batch_sharding(mesh))
@@ -106,14 +121,16 @@ def test_data_parallel_step_equals_single_device():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@x64()
 def test_pmap_step_equals_single_device():
+  """The legacy pmap step equals the single-device step."""
   model = _model()
   # SGD: Adam's normalisation would blow float-order noise in near-zero gradients up to lr.
   tx = mp.mask_prior_optimizer(0.1, name="sgd")
   batches = [_batch(i, 32) for i in range(3)]
-  single, m1 = _run_single(model, tx, batches)
+  single, m1 = _run_single(model, tx, batches, f64=True)
   n = jax.local_device_count()
-  state = train.replicate_for_pmap(_state(model, tx))
+  state = train.replicate_for_pmap(_state(model, tx, f64=True))
   step = train.make_pmap_train_step(_loss_fn(model), tx)
   for b in batches:
     state, mp_metrics = step(state, jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), b))
@@ -122,6 +139,7 @@ def test_pmap_step_equals_single_device():
     np.testing.assert_allclose(a, b[0], rtol=1e-4, atol=1e-6)
 
 
+@x64()
 def test_seed_vmap_and_scan_equal_sequential_runs():
   model = _model()
   tx = mp.mask_prior_optimizer(0.1, name="sgd")
@@ -129,12 +147,12 @@ def test_seed_vmap_and_scan_equal_sequential_runs():
   batches = {s: [_batch(100 * s + i) for i in range(4)] for s in seeds}
   sequential = []
   for s in seeds:
-    state = _state(model, tx, seed=s)
+    state = _state(model, tx, seed=s, f64=True)
     step = train.make_train_step(_loss_fn(model), tx, donate=False)
     for b in batches[s]:
       state, _ = step(state, b)
     sequential.append(state)
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[_state(model, tx, seed=s) for s in seeds])
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[_state(model, tx, seed=s, f64=True) for s in seeds])
   step = train.make_train_step(_loss_fn(model), tx, seed_axis=True, steps_per_call=2)
   for k in range(2):  # two calls of two scanned steps
     chunk = [jax.tree.map(lambda *xs: np.stack(xs), *[batches[s][2 * k + j] for s in seeds])
@@ -146,57 +164,63 @@ def test_seed_vmap_and_scan_equal_sequential_runs():
       np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-6)
 
 
-def test_run_steps_reports_every_step_and_eval_step_shards():
+def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_shards():
+  """train.train_seeds (the one loop) runs exactly the compiled step: the same state, bit for bit,
+  as calling the seed-vmapped step by hand; it evaluates at 0, every eval_every steps and the end."""
   model = _model()
   tx = mp.mask_prior_optimizer(0.1, name="sgd")
-  batches = [_batch(i, 32) for i in range(6)]
-  mesh = train.data_mesh()
-  step = train.make_train_step(_loss_fn(model), tx, mesh=mesh, donate=False)
-  expected = jax.device_put(_state(model, tx), train.replicated(mesh))
-  for b in batches:  # the same compiled step, called by hand
-    expected, _ = step(expected, b)
-  state = jax.device_put(_state(model, tx), train.replicated(mesh))
-  seen = []
-  state = train.run_steps(step, state, iter(batches), 6, on_metrics=lambda s, m: seen.append((s, float(m["loss"]))),
-                          progress=train.Progress(6, every=3, enabled=False))
-  assert [s for s, _ in seen] == [1, 2, 3, 4, 5, 6] and all(np.isfinite(v) for _, v in seen)
+  seeds = [0, 1]
+  batch_fn = lambda step, seeds_: train.stack_trees([_batch(100 * s + step, 32) for s in seeds_])
+  variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in seeds]
+  step = train.make_train_step(_loss_fn(model), tx, seed_axis=True, donate=False)
+  expected = train.stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
+  for i in range(6):
+    expected, _ = step(expected, batch_fn(i, seeds))
+  state, history = train.train_seeds(
+      loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batch_fn=batch_fn, steps=6,
+      steps_per_call=1, eval_every=2, eval_fn=lambda s, v: {"loss0": jax.vmap(
+          lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop", log_every=3)
+  assert [h["step"] for h in history] == [0, 2, 4, 6] and all(np.all(np.isfinite(h["loss0"])) for h in history)
   for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  mesh = train.data_mesh()
+  one = jax.tree.map(lambda a: a[0], state.variables)
   eval_step = train.make_eval_step(lambda v, b: _loss_fn(model)(v, b, None)[0], mesh=mesh)
-  single = _loss_fn(model)(jax.device_get(state.variables), batches[0], None)[0]
-  np.testing.assert_allclose(eval_step(state.variables, batches[0]), single, rtol=1e-5)
+  single = _loss_fn(model)(jax.device_get(one), _batch(0, 32), None)[0]
+  np.testing.assert_allclose(eval_step(jax.device_put(one, train.replicated(mesh)), _batch(0, 32)), single, rtol=1e-5)
 
 
+@x64()
 def test_benchmark_loop_data_parallel_equals_single_device():
-  """experiment.train_seeds with a mesh (seeds vmapped, each seed's batch split over all devices)
+  """train.train_seeds with a mesh (seeds vmapped, each seed's batch split over all devices)
   ends where the one-device loop ends."""
-  from maskprior_jax import experiment
   assert jax.device_count() > 1, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
   model = _model()
   tx = mp.mask_prior_optimizer(0.02, name="sgd")
   seeds = [0, 1]
-  variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in seeds]
-  batch_fn = lambda step, seeds_: experiment.stack_trees([_batch(100 * s + step, 32) for s in seeds_])
+  variables = [_f64(model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32))) for s in seeds]
+  batch_fn = lambda step, seeds_: train.stack_trees([_batch(100 * s + step, 32) for s in seeds_])
   runs = {}
   for name, mesh in (("single", None), ("mesh", train.data_mesh())):
-    state, history = experiment.train_seeds(
+    state, history = train.train_seeds(
         loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batch_fn=batch_fn, steps=6,
         steps_per_call=2, eval_every=6, eval_fn=lambda step, v: {"n": jnp.zeros(2)}, label=name, mesh=mesh)
     runs[name] = jax.device_get(state.variables)
   moved = max(float(np.abs(np.asarray(a) - np.asarray(b)[None]).max()) for a, b in
-              zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(experiment.stack_trees(variables))))
+              zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(train.stack_trees(variables))))
   assert moved > 1e-3
   for a, b in zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(runs["mesh"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@x64()
 def test_fsdp_sharded_step_equals_replicated_step():
   """Parameters and optimizer state split over 8 devices (FSDP rule) give the replicated result."""
   model = Transformer(vocab_size=2, dim=64, depth=2, num_heads=4, mlp_dim=256, max_len=6,
-                      mask_init=priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0]))
+                      mask=mp.MaskSettings(priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0])))
   tx = mp.mask_prior_optimizer(0.02, name="sgd")
   mesh = train.data_mesh()
-  state0 = _state(model, tx)
+  state0 = _state(model, tx, f64=True)
   shardings = train.fsdp_sharding(state0, mesh, min_size=1024)
   sharded_leaves = [s for s in jax.tree.leaves(shardings) if "data" in tuple(s.spec)]
   assert len(sharded_leaves) >= 8                       # the kernels (and their mask-free peers) are split

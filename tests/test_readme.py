@@ -19,7 +19,7 @@ def test_readme_example_runs_and_trains_the_mask():
 
 
 def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
-  from maskprior_jax import cli
+  from maskprior_jax.bench import cli
   assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
   out = capsys.readouterr().out
   tables = out.split("\n\n")[:2]
@@ -29,7 +29,7 @@ def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
 
 
 def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, tmp_path):
-  from maskprior_jax import cli
+  from maskprior_jax.bench import cli
   results = README.parent / "experiments" / "results"
   assert cli.main(["report", str(results / "arithmetic"), str(results / "vision"), str(results / "language"),
                    "--out", str(tmp_path)]) == 0

@@ -14,7 +14,7 @@ ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--confi
 
 
 def _cmd(workdir):
-  return [sys.executable, "-m", "maskprior_jax.cli", *ARGS, "--workdir", str(workdir)]
+  return [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, "--workdir", str(workdir)]
 
 
 def _env():

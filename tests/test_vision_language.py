@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from maskprior_jax import cli
-from maskprior_jax import data as D
+from maskprior_jax.bench import cli
+from maskprior_jax.bench import data as D
 
 tfds = pytest.importorskip("tensorflow_datasets")
 PIL = pytest.importorskip("PIL.Image")

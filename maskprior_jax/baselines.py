@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskprior_jax.attention import ATTENTION_WEIGHTS
+from maskprior_jax.measure import attention_maps
 
 
 def _attention_paths(params: dict) -> list[tuple[str, ...]]:
@@ -57,13 +57,6 @@ def mimetic(params: dict, rng: np.random.Generator, *, alpha: float = 0.7, beta:
     for name in ("query", "key"):
       flat[path + (name, "kernel")] = flat[path + (name, "kernel")].astype(wq.dtype)
   return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()})
-
-
-def attention_maps(apply_fn: Callable, variables: dict, inputs: Any) -> list[jax.Array]:
-  """Per layer (batch, heads, q, kv) attention weights, in layer order."""
-  _, state = apply_fn(variables, inputs, mutable=["intermediates"])
-  flat = flax.traverse_util.flatten_dict(state["intermediates"])
-  return [v[0] for k, v in sorted(flat.items()) if k[-1] == ATTENTION_WEIGHTS]
 
 
 def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, *,

@@ -11,7 +11,7 @@ import json
 import pathlib
 import sys
 
-from maskprior_jax.config import ConfigError, apply_overrides, builtin_config, load_config_file
+from maskprior_jax.bench.config import ConfigError, apply_overrides, builtin_config, load_config_file
 
 
 class UsageError(ValueError):
@@ -59,7 +59,8 @@ def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
 
 
 def cmd_boolean(args) -> int:
-  from maskprior_jax import boolean, boolean_run
+  from maskprior_jax.bench.boolean import run as boolean_run
+  from maskprior_jax.bench.boolean import tasks as boolean
   cfg = _config(args, "boolean")
   boolean_run.validate(cfg)
   methods = _parse_list(args.methods, boolean_run.METHODS, "method")
@@ -101,7 +102,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def cmd_arithmetic(args) -> int:
-  from maskprior_jax import arithmetic_run
+  from maskprior_jax.bench.arithmetic import run as arithmetic_run
   cfg = _config(args, "arithmetic")
   with cfg.unlocked():
     if args.task:
@@ -123,20 +124,22 @@ def cmd_arithmetic(args) -> int:
 
 
 def _vision_language(args, kind: str) -> int:
-  from maskprior_jax import vision_language
+  import importlib
+  from maskprior_jax.bench import supervised
+  runner = importlib.import_module(f"maskprior_jax.bench.{kind}.run")
   cfg = _config(args, kind)
   with cfg.unlocked():
     if args.dataset:
       cfg.data.dataset = args.dataset
     if args.data_dir:
       cfg.data.data_dir = args.data_dir
-  vision_language.validate(cfg, kind)
-  methods = _parse_list(args.methods, vision_language.METHODS, "method")
+  runner.validate(cfg)
+  methods = _parse_list(args.methods, supervised.METHODS, "method")
   seeds = _seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
   _check_workdir(workdir, {"command": kind, "config": cfg.to_dict(), "methods": methods, "seeds": seeds}, args.fresh)
-  res = vision_language.run(cfg, kind, methods, seeds, workdir)
-  print(vision_language.table(res))
+  res = runner.run(cfg, methods, seeds, workdir)
+  print(supervised.table(res))
   print(f"results in {workdir}")
   return 0
 
@@ -151,7 +154,11 @@ def cmd_language(args) -> int:
 
 def cmd_report(args) -> int:
   """Aggregate run folders: runs of the same task are pooled (mean ± std over seeds per method)."""
-  from maskprior_jax import arithmetic_run, boolean, boolean_run, vision_language
+  from maskprior_jax.bench import supervised
+  from maskprior_jax.bench.arithmetic import run as arithmetic_run
+  from maskprior_jax.bench.boolean import run as boolean_run
+  from maskprior_jax.bench.boolean import tasks as boolean
+  from maskprior_jax.bench.results import BENCHMARKS
   found = []
   for d in args.dirs:
     d = pathlib.Path(d)
@@ -161,16 +168,19 @@ def cmd_report(args) -> int:
   if not found:
     raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
   loaded = [json.loads(p.read_text()) for p in found]
-  other = [r for r in loaded if r.get("benchmark", "boolean") != "boolean"]
+  for path, res in zip(found, loaded):
+    if res.get("benchmark") not in BENCHMARKS:
+      raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
+  other = [r for r in loaded if r["benchmark"] != "boolean"]
   out = pathlib.Path(args.out) if args.out else None
   for i, res in enumerate(other):   # arithmetic, vision, language: one table per run folder
-    module = arithmetic_run if res["benchmark"] == "arithmetic" else vision_language
+    module = arithmetic_run if res["benchmark"] == "arithmetic" else supervised
     print(module.table(res))
     if out is not None:
       dest = out / f"{res['benchmark']}_{i}"
       dest.mkdir(parents=True, exist_ok=True)
       module.write_report(res, dest)
-  loaded = [r for r in loaded if r.get("benchmark", "boolean") == "boolean"]
+  loaded = [r for r in loaded if r["benchmark"] == "boolean"]
   if not loaded:
     return 0
   by_task: dict[str, dict] = {}
@@ -245,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(rest)
   args.overrides = overrides
-  from maskprior_jax.arithmetic import DataError
-  from maskprior_jax.data import DataError as DatasetError
-  from maskprior_jax.boolean import TaskSpecError
+  from maskprior_jax.bench.arithmetic.tasks import DataError
+  from maskprior_jax.bench.boolean.tasks import TaskSpecError
+  from maskprior_jax.bench.data import DataError as DatasetError
   from maskprior_jax.checkpoint import Preempted
-  from maskprior_jax.experiment import NonFiniteLoss
+  from maskprior_jax.train import NonFiniteLoss
   try:
     return args.fn(args)
   except (ConfigError, UsageError, TaskSpecError, DataError, DatasetError) as e:

@@ -32,7 +32,13 @@ def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
 
 
 def builtin_config(name: str) -> ml_collections.ConfigDict:
-  return load_config_file(pathlib.Path(__file__).parent / "configs" / f"{name}.py")
+  """A benchmark's built-in config: "boolean" is bench/boolean/configs/default.py, "boolean_paper"
+  is bench/boolean/configs/paper.py, and so on."""
+  bench, _, variant = name.partition("_")
+  path = pathlib.Path(__file__).parent / bench / "configs" / f"{variant or 'default'}.py"
+  if not path.is_file():
+    raise ConfigError(f"no built-in config {name!r}")
+  return load_config_file(path)
 
 
 def _parse_value(text: str, old, key: str):

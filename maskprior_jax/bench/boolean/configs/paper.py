@@ -6,7 +6,7 @@ on a 2-core CPU; minutes on an accelerator.
 
   maskprior boolean --config experiments/boolean_paper.py   # same as this built-in config --seeds 10 --workdir runs/boolean_paper
 """
-from maskprior_jax.config import builtin_config
+from maskprior_jax.bench.config import builtin_config
 
 
 def get_config():

@@ -15,39 +15,28 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maskprior_jax import boolean, experiment, optim, priors
-from maskprior_jax.checkpoint import tree_sha256
-from maskprior_jax.config import ConfigError, check_data_parallel, config_digest
+from maskprior_jax import priors
+from maskprior_jax.attention import MaskSettings
+from maskprior_jax.bench import methods as methods_lib
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.boolean import tasks as boolean
+from maskprior_jax.bench.config import ConfigError, check, config_digest
+from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
-METHODS = experiment.METHODS
+METHODS = methods_lib.METHODS
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Every value the benchmark reads, checked before any work starts (ConfigError names it)."""
-  choices = {"model.pos_embedding": ("learned", "sinusoidal", "none"), "model.pos_where": ("input", "qk"),
-             "prior.mode": ("learned", "frozen"), "prior.layers": ("all", "first"),
-             "prior.token_rows": ("group", "self"), "prior.spare_heads": ("cycle", "union"),
-             "train.optimizer": ("adam", "adamw", "sgd")}
-  for key, allowed in choices.items():
-    section, name = key.split(".")
-    if cfg[section][name] not in allowed:
-      raise ConfigError(f"{key} must be {' or '.join(allowed)}, not {cfg[section][name]!r}")
-  positive = ["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim", "train.steps",
-              "train.batch_size", "train.steps_per_call", "eval.every_steps", "eval.num_points", "eval.probe_size"]
-  for key in positive:
-    section, name = key.split(".")
-    if cfg[section][name] <= 0:
-      raise ConfigError(f"{key} must be positive, got {cfg[section][name]}")
-  if cfg.train.learning_rate <= 0:
-    raise ConfigError(f"train.learning_rate must be positive, got {cfg.train.learning_rate}")
-  spc = cfg.train.steps_per_call
-  for key, value in (("train.steps", cfg.train.steps), ("eval.every_steps", cfg.eval.every_steps),
-                     ("checkpoint.every_steps", cfg.checkpoint.every_steps)):
-    if value % spc:
-      raise ConfigError(f"{key} ({value}) must be a multiple of train.steps_per_call ({spc})")
+  check(cfg, choices={"model.pos_embedding": ("learned", "sinusoidal", "none"), "model.pos_where": ("input", "qk"),
+                      "prior.mode": ("learned", "frozen"), "prior.layers": ("all", "first"),
+                      "prior.token_rows": ("group", "self"), "prior.spare_heads": ("cycle", "union"),
+                      "train.optimizer": ("adam", "adamw", "sgd")},
+        positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim", "train.steps",
+                  "train.batch_size", "train.steps_per_call", "eval.every_steps", "eval.num_points",
+                  "eval.probe_size", "train.learning_rate"])
   learning_rate(cfg, "")
-  check_data_parallel(cfg)
 
 
 def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndarray:
@@ -60,15 +49,15 @@ def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict) -> np.ndar
 
 
 def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str) -> Transformer:
-  mask_init = None
+  mask = None
   if method == "mask":
-    pattern = prior_pattern(task, cfg)
-    init = priors.from_matrix(pattern)
-    mask_init = init if cfg.prior.layers == "all" else [init] + [None] * (cfg.model.depth - 1)
+    mask = MaskSettings(priors.from_matrix(prior_pattern(task, cfg)))
+    if cfg.prior.layers == "first":
+      mask = [mask] + [None] * (cfg.model.depth - 1)
   m = cfg.model
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
                      mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=m.pos_embedding,
-                     pos_where=m.pos_where, pooling="cls", head="regression", mask_init=mask_init)
+                     pos_where=m.pos_where, pooling="cls", head="regression", mask=mask)
 
 
 def to_ids(x: np.ndarray) -> np.ndarray:
@@ -92,13 +81,6 @@ def learning_rate(cfg, task_name: str) -> float:
   return by_task.get(task_name, cfg.train.learning_rate)
 
 
-def make_tx(cfg, task_name: str = ""):
-  t = cfg.train
-  return optim.mask_prior_optimizer(learning_rate(cfg, task_name), name=t.optimizer, weight_decay=t.weight_decay,
-                                    mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
-                                    freeze_mask=cfg.prior.mode == "frozen")
-
-
 def _predict(model, stacked, ids, chunk=8192):
   fn = jax.jit(jax.vmap(lambda v, x: model.apply(v, x), in_axes=(0, None)))
   return np.concatenate([np.asarray(fn(stacked, ids[i:i + chunk])) for i in range(0, len(ids), chunk)], 1)
@@ -112,7 +94,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   mdi_unseen = boolean.unseen_mse(task, mdi)
   results_path = workdir / "results.json"
   digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n], "seeds": list(seeds)})
-  results = experiment.open_results(workdir, cfg, digest, {
+  results = results_lib.open_results(workdir, cfg, digest, "boolean", {
       "task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
       "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(), "mdi_unseen_mse_true": mdi_unseen})
 
@@ -133,13 +115,13 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   ev_ids, ev_f, ev_mdi, ev_unseen = to_ids(test_x[ev_idx]), test_f[ev_idx], test_mdi[ev_idx], ~test_seen[ev_idx]
   probe_ids = to_ids(test_x[ev_rng.choice(len(test_x), cfg.eval.probe_size)])
   pattern = prior_pattern(task, cfg)
-  target_attn = jax.nn.softmax(jnp.asarray(pattern), axis=-1)
+  target_attn = target_attention(pattern)
 
   for method in methods:
-    if any(r["method"] == method for r in results["runs"]):
+    if results_lib.finished(results, method):
       log(f"[{task.name}] {method}: already in {results_path}, skipped")
       continue
-    t_method = experiment.Timer()
+    t_method = results_lib.Timer()
     model = build_model(task, cfg, method)
     bs = cfg.train.batch_size
 
@@ -159,8 +141,8 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       return {"unseen_mse_true": err_t[ev_unseen].mean(), "unseen_mse_mdi": err_m[ev_unseen].mean(),
               "seen_mse": err_t[~ev_unseen].mean()}
 
-    state, history, infos, _ = experiment.train_method(
-        method=method, model=model, tx=make_tx(cfg, task.name), cfg=cfg, seeds=seeds,
+    state, history, infos, _ = methods_lib.train_method(
+        method=method, model=model, tx=methods_lib.make_tx(cfg, learning_rate(cfg, task.name)), cfg=cfg, seeds=seeds,
         sample_input=jnp.zeros((1, task.n), jnp.int32), probe_input=probe_ids, target_attn=target_attn,
         loss_fn=loss_fn, batch_fn=batch_fn, metrics_fn=metrics_fn, label=f"{task.name}/{method}",
         checkpoint_dir=workdir / "checkpoints" / method)
@@ -168,20 +150,14 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
     pred = _predict(model, state.variables, to_ids(test_x))
     for i, seed in enumerate(seeds):
       p = pred[i]
-      run = {"method": method, "seed": int(seed),
-             "seen_mse": float(np.mean((p - test_f)[test_seen] ** 2)),
-             "unseen_mse_true": float(np.mean((p - test_f)[~test_seen] ** 2)),
-             "unseen_mse_mdi": float(np.mean((p - test_mdi)[~test_seen] ** 2)),
-             "degree_profile": boolean.degree_profile(boolean.walsh_coefficients(p)).tolist() if full else None,
-             "persistence": [{"step": h["step"], "attn_tv": h["attn_tv"][i],
-                              **({"mask_drift": h["mask_drift"][i]} if "mask_drift" in h else {})}
-                             for h in history],
-             "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)),
-             **infos[i]}
-      results["runs"].append(run)
-    experiment.record_method(results, method, history, t_method(), workdir)
+      metrics = {"seen_mse": float(np.mean((p - test_f)[test_seen] ** 2)),
+                 "unseen_mse_true": float(np.mean((p - test_f)[~test_seen] ** 2)),
+                 "unseen_mse_mdi": float(np.mean((p - test_mdi)[~test_seen] ** 2)),
+                 "degree_profile": boolean.degree_profile(boolean.walsh_coefficients(p)).tolist() if full else None}
+      results["runs"].append(methods_lib.run_record(method, seed, i, state, history, infos, metrics).to_json())
+    results_lib.record_method(results, method, history, t_method(), workdir)
     log(f"[{task.name}] {method}: unseen MSE vs truth "
-        f"{experiment.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
+        f"{results_lib.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
         f"(MDI {mdi_unseen:.3g}), {t_method():.0f}s")
 
   write_task_report(results, workdir)
@@ -190,9 +166,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
 
 def summarize(results: dict) -> list[dict]:
   rows = []
-  methods = [m for m in METHODS if any(r["method"] == m for r in results["runs"])]
-  methods += sorted({r["method"] for r in results["runs"]} - set(methods))
-  for m in methods:
+  for m in results_lib.methods_in(results):
     runs = [r for r in results["runs"] if r["method"] == m]
     last = lambda r, k: r["persistence"][-1].get(k)
     tv = [float(np.mean(last(r, "attn_tv"))) for r in runs]
@@ -212,15 +186,15 @@ def task_table(results: dict) -> str:
   ref = results["mdi_unseen_mse_true"]
   rows = []
   for s in summarize(results):
-    rows.append([s["method"], s["seeds"], experiment.mean_std(s["seen_mse"]),
-                 experiment.mean_std(s["unseen_mse_true"]),
+    rows.append([s["method"], s["seeds"], results_lib.mean_std(s["seen_mse"]),
+                 results_lib.mean_std(s["unseen_mse_true"]),
                  f"{np.mean(s['unseen_mse_true']) / ref:.0%}",
-                 experiment.mean_std(s["unseen_mse_mdi"]), experiment.mean_std(s["tv0"]),
-                 experiment.mean_std(s["tv_end"]),
-                 experiment.mean_std(s["drift_end"]) if s["drift_end"] else "-"])
+                 results_lib.mean_std(s["unseen_mse_mdi"]), results_lib.mean_std(s["tv0"]),
+                 results_lib.mean_std(s["tv_end"]),
+                 results_lib.mean_std(s["drift_end"]) if s["drift_end"] else "-"])
   head = (f"**{results['task']}** (n = {results['n']}): f = `{results['target']}`, seen: `{results['seen']}`; "
           f"MDI = `{results['mdi']}`, MDI's unseen MSE vs truth = {ref:.4g}\n\n")
-  return head + experiment.markdown_table(header, rows)
+  return head + results_lib.markdown_table(header, rows)
 
 
 def write_task_report(results: dict, workdir: pathlib.Path) -> None:
@@ -229,15 +203,15 @@ def write_task_report(results: dict, workdir: pathlib.Path) -> None:
   curves = results["curves"]
   if not curves:
     return
-  experiment.plot_curves(workdir / "unseen_loss.png", experiment.metric_curves(curves, "unseen_mse_true"),
+  results_lib.plot_curves(workdir / "unseen_loss.png", results_lib.metric_curves(curves, "unseen_mse_true"),
                          title=f"{results['task']}: unseen MSE vs truth", ylabel="MSE", logy=True,
                          hlines={"MDI": results["mdi_unseen_mse_true"]})
-  experiment.plot_curves(workdir / "persistence.png", experiment.metric_curves(curves, "attn_tv"),
+  results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
                          title=f"{results['task']}: attention distance from the prior's pattern",
                          ylabel="mean TV distance (layers)")
-  drift = experiment.metric_curves(curves, "mask_drift")
+  drift = results_lib.metric_curves(curves, "mask_drift")
   if drift:
-    experiment.plot_curves(workdir / "mask_drift.png", drift, title=f"{results['task']}: ‖B_t − B_0‖ / ‖B_0‖",
+    results_lib.plot_curves(workdir / "mask_drift.png", drift, title=f"{results['task']}: ‖B_t − B_0‖ / ‖B_0‖",
                            ylabel="relative change")
   plot_degree_profiles(results, workdir / "degree_profiles.png")
 
@@ -256,7 +230,7 @@ def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
   mdi = boolean.degree_profile(boolean.walsh_coefficients(boolean.minimum_degree_interpolator(task)(x)))
   maxdeg = max(int(np.max(np.flatnonzero(truth > 1e-6))), int(np.max(np.flatnonzero(mdi > 1e-6)))) + 2
   series = {"truth": truth, "MDI": mdi, **{m: np.mean(v, 0) for m, v in profiles.items()}}
-  fig, ax = experiment.new_figure((5.5, 3.6))
+  fig, ax = results_lib.new_figure((5.5, 3.6))
   width = 0.8 / len(series)
   for i, (label, prof) in enumerate(series.items()):
     ax.bar(np.arange(maxdeg) + i * width, prof[:maxdeg], width, label=label)
@@ -282,8 +256,8 @@ def headline_table(all_results: Sequence[dict]) -> str:
     row = [res["task"], f"{res['mdi_unseen_mse_true']:.3g}"]
     for m in methods:
       runs = [r for r in res["runs"] if r["method"] == m]
-      row.append(f"{experiment.mean_std([r['unseen_mse_true'] for r in runs])} "
-                 f"({experiment.mean_std([r['unseen_mse_mdi'] for r in runs])})" if runs else "-")
+      row.append(f"{results_lib.mean_std([r['unseen_mse_true'] for r in runs])} "
+                 f"({results_lib.mean_std([r['unseen_mse_mdi'] for r in runs])})" if runs else "-")
     rows.append(row)
   header2 = ["task"] + [f"{m}: attn TV start → end" for m in methods] + ["mask: ‖B−B0‖/‖B0‖ end"]
   rows2 = []
@@ -291,14 +265,14 @@ def headline_table(all_results: Sequence[dict]) -> str:
     s = {x["method"]: x for x in summarize(res)}
     rows2.append([res["task"]] + [f"{np.mean(s[m]['tv0']):.2f} → {np.mean(s[m]['tv_end']):.2f}" if m in s else "-"
                                   for m in methods]
-                 + [experiment.mean_std(s["mask"]["drift_end"]) if "mask" in s and s["mask"]["drift_end"] else "-"])
-  return experiment.markdown_table(header, rows) + "\n" + experiment.markdown_table(header2, rows2)
+                 + [results_lib.mean_std(s["mask"]["drift_end"]) if "mask" in s and s["mask"]["drift_end"] else "-"])
+  return results_lib.markdown_table(header, rows) + "\n" + results_lib.markdown_table(header2, rows2)
 
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
   (workdir / "summary.md").write_text(headline_table(all_results))
   methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
-  fig, ax = experiment.new_figure((7, 3.6))
+  fig, ax = results_lib.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
   for i, m in enumerate(methods):
     ratios = [[r["unseen_mse_true"] / res["mdi_unseen_mse_true"] for r in res["runs"] if r["method"] == m]

@@ -17,12 +17,16 @@ import ml_collections
 import numpy as np
 import optax
 
-from maskprior_jax import arithmetic, experiment, optim, priors
-from maskprior_jax.checkpoint import tree_sha256
-from maskprior_jax.config import ConfigError, check, config_digest
+from maskprior_jax import priors
+from maskprior_jax.attention import MaskSettings
+from maskprior_jax.bench import methods as methods_lib
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.arithmetic import tasks as arithmetic
+from maskprior_jax.bench.config import ConfigError, check, config_digest
+from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
-METHODS = experiment.METHODS
+METHODS = methods_lib.METHODS
 
 
 def task_from_config(cfg) -> arithmetic.ArithmeticTask:
@@ -51,27 +55,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
 def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transformer:
   m = cfg.model
-  mask_init = None
+  mask = None
   if method == "mask":
-    mask_init = priors.from_matrix(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside))
+    mask = MaskSettings(priors.from_matrix(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside)))
   return Transformer(vocab_size=task.vocab_size, dim=m.dim, depth=m.depth, num_heads=m.num_heads,
                      head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=task.input_len, causal=True,
                      pos_embedding=m.pos_embedding, pooling="none", head="lm",
-                     num_outputs=task.vocab_size, mask_init=mask_init)
-
-
-def make_tx(cfg):
-  t = cfg.train
-  return optim.mask_prior_optimizer(t.learning_rate, name=t.optimizer, weight_decay=t.weight_decay,
-                                    mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
-                                    freeze_mask=cfg.prior.mode == "frozen")
-
-
-def target_attention(task, cfg) -> np.ndarray:
-  """softmax over the causal past of the prior's pattern: (input_len, input_len)."""
-  pattern = task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside)
-  causal = np.tril(np.ones_like(pattern, bool))
-  return np.asarray(jax.nn.softmax(jnp.where(causal, pattern, -jnp.inf), axis=-1))
+                     num_outputs=task.vocab_size, mask=mask)
 
 
 def greedy_answers(model, variables, inputs: np.ndarray, task) -> jax.Array:
@@ -105,11 +95,13 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   run_data = {"x": np.stack([train_xy[s][0][:n_eval] for _, s in runs]),
               "y": np.stack([train_xy[s][1][:n_eval] for _, s in runs])}
   probe = test_x[:cfg.eval.probe_size]
-  target_attn = target_attention(task, cfg)
+  target_attn = target_attention(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside),
+                                 causal=True)
 
   results_path = workdir / "results.json"
-  results = experiment.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)}), {
-      "benchmark": "arithmetic", "task": task.name, "digits": task.digits, "modulus": task.modulus,
+  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)}),
+                                     "arithmetic", {
+      "task": task.name, "digits": task.digits, "modulus": task.modulus,
       "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
       "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist()})
   bs = cfg.train.batch_size
@@ -124,10 +116,10 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
     return {"x": np.stack(xs), "y": np.stack(ys)}
 
   for method in methods:
-    if any(r["method"] == method for r in results["runs"]):
+    if results_lib.finished(results, method):
       log(f"[{task.name}] {method}: already in {results_path}, skipped")
       continue
-    t_method = experiment.Timer()
+    t_method = results_lib.Timer()
     model = build_model(task, cfg, method)
 
     def answer_logits(v, x):
@@ -146,8 +138,8 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
               "test_token_accuracy": right.mean(),
               "test_loss": optax.softmax_cross_entropy_with_integer_labels(logits, test_y[:, rows]).mean()}
 
-    state, history, infos, _ = experiment.train_method(
-        method=method, model=model, tx=make_tx(cfg), cfg=cfg, seeds=[s for _, s in runs],
+    state, history, infos, _ = methods_lib.train_method(
+        method=method, model=model, tx=methods_lib.make_tx(cfg), cfg=cfg, seeds=[s for _, s in runs],
         run_ids=list(range(len(runs))), sample_input=jnp.zeros((1, task.input_len), jnp.int32),
         probe_input=probe, target_attn=target_attn, attn_rows=rows, loss_fn=loss_fn, batch_fn=batch_fn,
         metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}",
@@ -157,37 +149,34 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
     answers = np.asarray(decode(state.variables))                           # (runs, N, answer_len)
     right = answers == test_y[None][:, :, rows]
     for i, (n, s) in enumerate(runs):
-      curve = experiment.per_run(history, i, ["train_exact"])
+      curve = results_lib.per_run(history, i, ["train_exact"])
       reached = [h["step"] for h in curve if h["train_exact"] >= 0.99]
-      results["runs"].append({
-          "method": method, "seed": int(s), "train_size": int(n),
-          "exact_match": float(right[i].all(-1).mean()), "digit_accuracy": float(right[i].mean()),
-          "steps_to_99_train": reached[0] if reached else None,
-          "final_train_exact": curve[-1]["train_exact"],
-          "persistence": experiment.per_run(history, i, ["attn_tv", "mask_drift"]),
-          "state_sha256": tree_sha256(jax.tree.map(lambda a, i=i: a[i], state.variables)), **infos[i]})
-    experiment.record_method(results, method, history, t_method(), workdir, runs=[list(r) for r in runs])
+      metrics = {"train_size": int(n), "exact_match": float(right[i].all(-1).mean()),
+                 "digit_accuracy": float(right[i].mean()), "steps_to_99_train": reached[0] if reached else None,
+                 "final_train_exact": curve[-1]["train_exact"]}
+      results["runs"].append(methods_lib.run_record(method, s, i, state, history, infos, metrics).to_json())
+    results_lib.record_method(results, method, history, t_method(), workdir, runs=[list(r) for r in runs])
     done = [r for r in results["runs"] if r["method"] == method]
     log(f"[{task.name}] {method}: test exact match by training size " + ", ".join(
-        f"{n}: {experiment.mean_std([r['exact_match'] for r in done if r['train_size'] == n])}" for n in sizes)
+        f"{n}: {results_lib.mean_std([r['exact_match'] for r in done if r['train_size'] == n])}" for n in sizes)
         + f" ({t_method():.0f}s)")
   write_report(results, workdir)
   return results
 
 
 def table(results: dict) -> str:
-  methods, sizes = experiment.methods_in(results), results["train_sizes"]
+  methods, sizes = results_lib.methods_in(results), results["train_sizes"]
   pick = lambda m, n, k: [r[k] for r in results["runs"] if r["method"] == m and r["train_size"] == n]
   name = (f"{results['digits']}-digit addition, answer {'reversed' if results['reverse'] else 'in the usual order'}"
           if results["task"] == "add" else f"addition mod {results['modulus']}")
   out = f"**{name}**; test set {results['test_size']} pairs, none in any training set.\n\n"
   out += "Test exact match (mean ± std over seeds):\n\n"
-  out += experiment.markdown_table(["train size"] + methods,
-                                   [[n] + [experiment.mean_std(pick(m, n, "exact_match")) for m in methods]
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [results_lib.mean_std(pick(m, n, "exact_match")) for m in methods]
                                     for n in sizes])
   out += "\nDigit accuracy (greedy decoding):\n\n"
-  out += experiment.markdown_table(["train size"] + methods,
-                                   [[n] + [experiment.mean_std(pick(m, n, "digit_accuracy")) for m in methods]
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [results_lib.mean_std(pick(m, n, "digit_accuracy")) for m in methods]
                                     for n in sizes])
 
   def steps99(m, n):
@@ -195,19 +184,19 @@ def table(results: dict) -> str:
     hit = [x for x in v if x is not None]
     return f"{np.mean(hit):.0f} ({len(hit)}/{len(v)})" if hit else f"never (0/{len(v)})"
   out += "\nSteps to 99% train exact match (mean over the seeds that got there; how many did):\n\n"
-  out += experiment.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
+  out += results_lib.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
   out += "\nPersistence: attention TV from the prior's pattern on the answer rows, start → end (mean over layers and runs):\n\n"
-  out += experiment.persistence_table(results)
+  out += results_lib.persistence_table(results)
   return out
 
 
 def write_report(results: dict, workdir: pathlib.Path) -> None:
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))
-  methods, sizes = experiment.methods_in(results), results["train_sizes"]
+  methods, sizes = results_lib.methods_in(results), results["train_sizes"]
   if not methods:
     return
-  fig, ax = experiment.new_figure((5.5, 3.6))
+  fig, ax = results_lib.new_figure((5.5, 3.6))
   for m in methods:
     vals = [[r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n] for n in sizes]
     ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], label=m, capsize=3, marker="o")
@@ -220,9 +209,9 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
   fig.tight_layout()
   fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
   curves = results["curves"]
-  experiment.plot_curves(workdir / "persistence.png", experiment.metric_curves(curves, "attn_tv"),
+  results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
                          title=f"{results['task']}: attention distance from the prior (answer rows)",
                          ylabel="mean TV distance (layers)")
-  experiment.plot_curves(workdir / "test_exact_curves.png", experiment.metric_curves(curves, "test_exact"),
+  results_lib.plot_curves(workdir / "test_exact_curves.png", results_lib.metric_curves(curves, "test_exact"),
                          title=f"{results['task']}: test exact match during training (all sizes)",
                          ylabel="test exact match")

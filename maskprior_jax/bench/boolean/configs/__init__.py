@@ -1,0 +1,1 @@
+"""Config files of the boolean benchmark (`get_config()`); `default` is the CPU default."""

@@ -1,0 +1,1 @@
+"""The language benchmark: a byte-level causal LM (or text classifier) with a 1-D recency prior."""

@@ -1,0 +1,211 @@
+"""Run folders and what is read back from them: results.json (one record per finished
+method and seed), metrics.jsonl, TensorBoard events, Markdown tables and plots.
+
+Every results.json carries a `benchmark` field ("boolean", "arithmetic", "vision",
+"language") so that `maskprior report` knows how to read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
+
+
+@dataclasses.dataclass
+class RunRecord:
+  """One finished (method, seed) run, as stored in results.json["runs"].
+
+  metrics: the benchmark's final numbers (flattened into the row); persistence: the eval
+  history's per-run persistence measurements; info: per-run init info (e.g. qk_fit_tv).
+  """
+  method: str
+  seed: int
+  metrics: dict
+  persistence: list
+  state_sha256: str
+  info: dict = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict:
+    return {"method": self.method, "seed": int(self.seed), **self.metrics, "persistence": self.persistence,
+            "state_sha256": self.state_sha256, **self.info}
+
+
+def write_json(path: pathlib.Path, obj: Any) -> None:
+  """Write atomically (temp file + rename), so an interrupted write never leaves half a file."""
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+  os.replace(tmp, path)
+
+
+def _json_default(o):
+  if isinstance(o, (np.floating, np.integer)):
+    return o.item()
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  return str(o)
+
+
+def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header: dict) -> dict:
+  """The run folder's results.json if it holds a run of the same config (`digest`), so that
+  finished methods are kept; otherwise a new record of `benchmark` and `header` with empty
+  runs. Writes config.json."""
+  if benchmark not in BENCHMARKS:
+    raise ValueError(f"unknown benchmark {benchmark!r}")
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  results = {"benchmark": benchmark, **header, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
+             "environment": environment()}
+  path = workdir / "results.json"
+  if path.exists():
+    old = json.loads(path.read_text())
+    if old.get("config_digest") == digest:
+      results = old
+  write_json(workdir / "config.json", cfg.to_dict())
+  return results
+
+
+def record_method(results: dict, method: str, history: Sequence[dict], wall_s: float,
+                  workdir: pathlib.Path, **metrics_extra) -> None:
+  """Store a finished method's eval curves and wall time, and rewrite results.json and
+  metrics.jsonl (one row per method and evaluation, plus `metrics_extra`)."""
+  workdir = pathlib.Path(workdir)
+  results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
+  results["wall_s"][method] = wall_s
+  write_json(workdir / "results.json", results)
+  write_jsonl(workdir / "metrics.jsonl", [
+      {"method": m, **metrics_extra, **{k: c[k][t] for k in c}}
+      for m, c in results["curves"].items() for t in range(len(c["step"]))])
+  write_tensorboard(workdir / "tensorboard" / method, history)
+
+
+def environment() -> dict:
+  import flax
+  import optax
+  from maskprior_jax import __version__
+  return {"maskprior_jax": __version__, "jax": jax.__version__, "flax": flax.__version__,
+          "optax": optax.__version__, "python": platform.python_version(),
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+
+
+def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
+  """Rewrite a JSON-lines file atomically (one row per line)."""
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
+  os.replace(tmp, path)
+
+
+def write_tensorboard(logdir: pathlib.Path, history: Sequence[dict], tag_prefix: str = "") -> None:
+  """Eval history as TensorBoard scalars: per-seed mean of every metric (per layer if a vector)."""
+  from tensorboardX import SummaryWriter
+  with SummaryWriter(str(logdir)) as w:
+    for h in history:
+      for k, v in h.items():
+        if k == "step":
+          continue
+        a = np.asarray(v, float)
+        if a.ndim <= 1:
+          w.add_scalar(f"{tag_prefix}{k}", float(a.mean()), h["step"])
+        else:  # (seeds, layers)
+          for layer, value in enumerate(a.mean(0)):
+            w.add_scalar(f"{tag_prefix}{k}/layer_{layer}", float(value), h["step"])
+
+
+def mean_std(values: Sequence[float]) -> str:
+  v = np.asarray(values, float)
+  if v.size == 0:
+    return "-"
+  return f"{v.mean():.3g} ± {v.std():.2g}" if v.size > 1 else f"{v.mean():.3g}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+  return "\n".join(lines) + "\n"
+
+
+def new_figure(figsize: tuple[float, float]):
+  """(figure, axes) drawn without pyplot, so that saving plots never changes the caller's
+  matplotlib backend or state (a notebook keeps its inline plots)."""
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots()
+
+
+def metric_curves(curves: dict, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """`plot_curves` input from results["curves"]: method -> (steps, values (seeds, T)) for every
+  method that recorded `key`; a per-layer metric (T, seeds, layers) is averaged over layers."""
+  out = {}
+  for m, c in curves.items():
+    if key in c:
+      values = np.asarray(c[key], float)
+      out[m] = (np.asarray(c["step"]), (values.mean(-1) if values.ndim == 3 else values).T)
+  return out
+
+
+def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
+                ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None) -> None:
+  """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band."""
+  fig, ax = new_figure((5.5, 3.6))
+  for label, (steps, values) in curves.items():
+    values = np.asarray(values, float)
+    ax.plot(steps, values.mean(0), label=label)
+    if values.shape[0] > 1:
+      ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
+  for label, y in (hlines or {}).items():
+    ax.axhline(y, ls="--", c="gray", lw=1)
+    ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8, color="gray",
+                va="bottom")
+  if logy:
+    ax.set_yscale("symlog", linthresh=1e-2)
+  ax.set(title=title, xlabel="step", ylabel=ylabel)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def finished(results: dict, method: str) -> bool:
+  """Whether results.json already holds `method` (a rerun of the same command skips it)."""
+  return any(r["method"] == method for r in results["runs"])
+
+
+def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:
+  """Run i's slice of an eval history: [{"step", key: value, ...}, ...]."""
+  return [{"step": h["step"], **{k: h[k][i] for k in keys if k in h}} for h in history]
+
+
+def methods_in(results: dict, order: Sequence[str] = ("vanilla", "mimetic", "qk", "mask")) -> list[str]:
+  """The methods present in a results dict, in `order` (others after, sorted)."""
+  present = {r["method"] for r in results["runs"]}
+  return [m for m in order if m in present] + sorted(present - set(order))
+
+
+def persistence_table(results: dict) -> str:
+  """Per method: attention TV from the prior's pattern at the first and last evaluation (mean
+  over layers and runs), and the mask's final relative change."""
+  rows = []
+  for m in methods_in(results):
+    rs = [r for r in results["runs"] if r["method"] == m]
+    tv0 = np.mean([np.mean(r["persistence"][0]["attn_tv"]) for r in rs])
+    tv1 = np.mean([np.mean(r["persistence"][-1]["attn_tv"]) for r in rs])
+    drift = [r["persistence"][-1]["mask_drift"] for r in rs if "mask_drift" in r["persistence"][-1]]
+    rows.append([m, f"{tv0:.2f} → {tv1:.2f}", mean_std(drift) if drift else "-"])
+  return markdown_table(["method", "attn TV start → end", "‖B−B0‖/‖B0‖ end"], rows)
+
+
+class Timer:
+  def __init__(self):
+    self.t0 = time.perf_counter()
+
+  def __call__(self) -> float:
+    return time.perf_counter() - self.t0

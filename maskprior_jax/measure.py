@@ -1,0 +1,47 @@
+"""Measurements of a prior's persistence: attention maps, their distance to a pattern, and how
+far the mask prior has moved from where it started.
+
+Shapes: attention maps are (batch, heads, q_len, kv_len) per layer; patterns broadcast to
+(heads, q_len, kv_len); trees with a leading seed axis give one value per seed.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from maskprior_jax.attention import ATTENTION_WEIGHTS, MASK_PRIOR
+
+
+def attention_maps(apply_fn: Callable, variables: dict, inputs: Any) -> list[jax.Array]:
+  """Per layer (batch, heads, q, kv) attention weights, in layer order."""
+  _, state = apply_fn(variables, inputs, mutable=["intermediates"])
+  flat = flax.traverse_util.flatten_dict(state["intermediates"])
+  return [v[0] for k, v in sorted(flat.items()) if k[-1] == ATTENTION_WEIGHTS]
+
+
+def total_variation(attn: jax.Array, pattern: jax.Array) -> jax.Array:
+  """Mean over (batch, heads, rows) of 0.5 * sum_k |attn - pattern|; attn (..., B, H, q, kv)."""
+  return 0.5 * jnp.abs(attn - pattern).sum(-1).mean(axis=(-1, -2, -3))
+
+
+def mask_drift(variables: dict, initial: dict) -> jax.Array:
+  """Per seed ||B_t - B_0|| / ||B_0|| over the whole mask-prior collection (leading seed axis)."""
+  cur, ini = jax.tree.leaves(variables[MASK_PRIOR]), jax.tree.leaves(initial[MASK_PRIOR])
+  axes = lambda x: tuple(range(1, x.ndim))
+  num = sum(jnp.sum((c - i) ** 2, axis=axes(c)) for c, i in zip(cur, ini))
+  den = sum(jnp.sum(i ** 2, axis=axes(i)) for i in ini)
+  return jnp.sqrt(num / jnp.maximum(den, 1e-12))
+
+
+def target_attention(pattern, causal: bool = False) -> jax.Array:
+  """The attention a logit pattern (..., q, kv) alone would give: softmax over each row (over
+  the causal past only when `causal`). The target a QK initialization is fitted to, and the
+  reference persistence is measured against."""
+  pattern = jnp.asarray(pattern, jnp.float32)
+  if causal:
+    allowed = jnp.tril(jnp.ones(pattern.shape[-2:], bool))
+    pattern = jnp.where(allowed, pattern, -jnp.inf)
+  return jax.nn.softmax(pattern, axis=-1)
