@@ -1,102 +1,76 @@
-"""Design exploration for the Boolean mask prior: a grid of prior/model variants, each run on
-the five GOTU tasks, written as one Markdown table.
+"""Exploration for the Boolean mask prior: prior variants on the exploration tasks and seeds of
+`maskprior_jax.bench.boolean.protocol` (never the headline's), then the protocol's selection rule.
 
-  python experiments/boolean_explore.py --workdir runs/explore --seeds 2 --steps 1500 \
-      [--variants name,name] [--tasks f2_2parity,...] [--methods mask,vanilla]
+  python experiments/boolean_explore.py --workdir runs/explore            # every variant, mask + vanilla
+  python experiments/boolean_explore.py --variants default,noself --seeds 100-101 --steps 500   # a quick look
 
-Every variant is a set of config overrides on the built-in boolean config. The table reports
-unseen MSE vs truth as a fraction of the MDI's (0 = perfect extrapolation, 1 = the MDI).
+Writes explore.md (one row per variant: unseen MSE / MDI's per task, median and per-seed values,
+fitted runs) and selection.md (the rule's choice and why). Finished (variant, task) runs are kept
+when the command is rerun.
 """
 import argparse
-import json
 import pathlib
 
 import numpy as np
 
-from maskprior_jax.bench import results as experiment
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.boolean import tasks as boolean
+from maskprior_jax.bench.cli import parse_seeds
 from maskprior_jax.bench.config import apply_overrides, builtin_config
 
-# The exploration started from positions in queries/keys only and outside logit -8; every
-# variant is that base plus its own overrides (the built-in default is now "pos_input_out4").
-BASE = ["--config.model.pos_where=qk", "--config.prior.outside=-8.0", "--config.train.learning_rate=3e-4"]
 
-VARIANTS = {
-    "pos_qk_union": ["--config.prior.spare_heads=union"],
-    "pos_qk_lr1e-3": ["--config.train.learning_rate=1e-3"],
-    # where positions enter (value path vs attention only vs nowhere)
-    "pos_qk": [],
-    "pos_input": ["--config.model.pos_where=input"],
-    "pos_none": ["--config.model.pos_embedding=none"],
-    # which rows carry the pattern: CLS + group members, or CLS only (tokens attend to themselves)
-    "pos_none_self": ["--config.model.pos_embedding=none", "--config.prior.token_rows=self"],
-    "pos_qk_self": ["--config.prior.token_rows=self"],
-    # strength and learnability
-    "pos_none_out4": ["--config.model.pos_embedding=none", "--config.prior.outside=-4.0"],
-    "pos_none_out30": ["--config.model.pos_embedding=none", "--config.prior.outside=-30.0"],
-    "pos_none_frozen": ["--config.model.pos_embedding=none", "--config.prior.mode=frozen"],
-    "pos_qk_frozen": ["--config.prior.mode=frozen"],
-    "pos_none_first": ["--config.model.pos_embedding=none", "--config.prior.layers=first"],
-    "pos_none_shared": ["--config.model.pos_embedding=none", "--config.prior.per_head=false"],
-    # a mask that can move: its own, larger learning rate
-    "pos_qk_masklr30": ["--config.prior.mask_lr_multiplier=30.0"],
-    "pos_qk_masklr300": ["--config.prior.mask_lr_multiplier=300.0"],
-    "pos_qk_out4": ["--config.prior.outside=-4.0"],
-    "pos_qk_out2": ["--config.prior.outside=-2.0"],
-    "pos_input_out4": ["--config.model.pos_where=input", "--config.prior.outside=-4.0"],
-}
+def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -> dict:
+  """{task: per-seed unseen/MDI's ratios (None where the run did not fit)} for one variant."""
+  cfg = apply_overrides(builtin_config("boolean"), protocol.VARIANTS[name] + [
+      f"--config.train.steps={steps}", "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+  out = {}
+  for tname, task in protocol.EXPLORATION_TASKS.items():
+    res = boolean_run.run_task(task, cfg, [method], seeds, root / f"{name}_{method}" / tname, log=lambda *a: None)
+    runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["seed"])
+    out[tname] = [r["unseen_mse_true"] / res["mdi_unseen_mse_true"] if r["fitted"] else None for r in runs]
+  return out
+
+
+def cell(values) -> str:
+  v = [1.0 if r is None else r for r in values]
+  per = ", ".join("did not fit" if r is None else f"{r:.2f}" for r in values)
+  return f"{np.median(v):.2f} ({per})"
 
 
 def main():
-  p = argparse.ArgumentParser()
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", default="runs/explore")
-  p.add_argument("--seeds", type=int, default=2)
-  p.add_argument("--seed-offset", type=int, default=100, help="exploration seeds differ from the headline's 0, 1, 2")
-  p.add_argument("--steps", type=int, default=1500)
-  p.add_argument("--variants", default=",".join(VARIANTS))
-  p.add_argument("--tasks", default=",".join(boolean.TASKS))
-  p.add_argument("--methods", default="mask")
+  p.add_argument("--seeds", default=f"{protocol.EXPLORATION_SEEDS[0]}-{protocol.EXPLORATION_SEEDS[-1]}",
+                 help="exploration seeds (default: %(default)s)")
+  p.add_argument("--steps", type=int, default=2000, help="training steps (default: %(default)s)")
+  p.add_argument("--variants", default=",".join(protocol.VARIANTS), help="(default: all)")
+  p.add_argument("--reference", default="vanilla", help="a method run once per task for reference ('' for none)")
   args = p.parse_args()
+  seeds = parse_seeds(args.seeds)
+  if set(seeds) & set(protocol.CONFIRMATION_SEEDS):
+    raise SystemExit(f"exploration may not use the confirmation seeds {protocol.CONFIRMATION_SEEDS}")
   root = pathlib.Path(args.workdir)
-  tasks = args.tasks.split(",")
-  rows = []
+  root.mkdir(parents=True, exist_ok=True)
+  tasks = list(protocol.EXPLORATION_TASKS)
+  table, rows = {}, []
+  if args.reference:
+    ref = run_variant(protocol.DEFAULT, args.reference, seeds, args.steps, root)
+    rows.append([args.reference, "-"] + [cell(ref[t]) for t in tasks] + ["-"])
   for name in args.variants.split(","):
-    cfg = apply_overrides(builtin_config("boolean"), BASE + VARIANTS[name] + [
-        f"--config.train.steps={args.steps}", "--config.eval.every_steps=500"])
-    for method in args.methods.split(","):
-      row = [name, method]
-      for t in tasks:
-        res = boolean_run.run_task(boolean.TASKS[t], cfg, [method], list(range(args.seed_offset, args.seed_offset + args.seeds)), root / name / t)
-        ratio = [r["unseen_mse_true"] / res["mdi_unseen_mse_true"] for r in res["runs"] if r["method"] == method]
-        seen = [r["seen_mse"] for r in res["runs"] if r["method"] == method]
-        row.append(f"{np.mean(ratio):.2f} ± {np.std(ratio):.2f} (seen {np.mean(seen):.1g})")
-      rows.append(row)
-      (root / f"explore_{name}_{method}.md").write_text(experiment.markdown_table(["variant", "method"] + tasks, [row]))
-  table = collect(root, tasks)
-  (root / "explore.md").write_text(table)
-  print(table, flush=True)
-
-
-def collect(root: pathlib.Path, tasks) -> str:
-  """One row per (variant, method) found under root: mean ± std over seeds of unseen MSE / MDI's."""
-  rows = []
-  for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
-    runs = {}
-    for t in tasks:
-      path = vdir / t / "results.json"
-      if path.exists():
-        res = json.loads(path.read_text())
-        for r in res["runs"]:
-          runs.setdefault(r["method"], {}).setdefault(t, []).append(
-              (r["unseen_mse_true"] / res["mdi_unseen_mse_true"], r["seen_mse"]))
-    for method, by_task in sorted(runs.items()):
-      cells = []
-      for t in tasks:
-        v = np.asarray(by_task.get(t, []))
-        cells.append(f"{v[:, 0].mean():.2f} ± {v[:, 0].std():.2f} (seen {v[:, 1].mean():.1g})" if len(v) else "-")
-      rows.append([vdir.name, method, *cells])
-  return experiment.markdown_table(["variant", "method"] + list(tasks), rows)
+    table[name] = run_variant(name, "mask", seeds, args.steps, root)
+    sc, share, spread = protocol.score(table[name])
+    rows.append([name, " ".join(protocol.VARIANTS[name]) or "(built-in default)"]
+                + [cell(table[name][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
+    md = results_lib.markdown_table(["variant", "overrides"] + tasks + ["score"], rows)
+    (root / "explore.md").write_text(
+        f"Unseen MSE / MDI's unseen MSE, median over seeds {seeds} (per-seed values), {args.steps} steps; "
+        "rows are the mask prior's variants, the first row the reference method.\n\n" + md)
+    print(rows[-1], flush=True)
+  if protocol.DEFAULT in table:
+    choice, why = protocol.select_default(table)
+    (root / "selection.md").write_text(f"Selected: **{choice}**. {why}.\n")
+    print(f"selected: {choice}: {why}")
 
 
 if __name__ == "__main__":

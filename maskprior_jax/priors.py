@@ -57,12 +57,14 @@ def from_matrix(matrix) -> Callable:
 def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: int | None = None,
                  inside: float = 0.0, outside: float = -8.0,
                  readers: Sequence[int] = (), self_attend: bool = True,
-                 member_rows: bool = True, spare_heads: str = "cycle") -> np.ndarray:
+                 member_rows: bool = True, member_self: bool = True,
+                 spare_heads: str = "cycle") -> np.ndarray:
   """Logit bias from groups of interacting positions.
 
   A position attends with logit `inside` to every position of a group that contains it
-  (`member_rows`), `readers` (e.g. a CLS position) to every position of their head's groups,
-  every position to itself (`self_attend`); every other pair gets `outside`. With
+  (`member_rows`; with `member_self=False` to the other members only, not itself), `readers`
+  (e.g. a CLS position) to every position of their head's groups, every other position to
+  itself (`self_attend`); every other pair gets `outside`. With
   `num_heads`, the groups are dealt to heads round-robin (head h holds groups h, h+H, ...)
   and a head left without a group gets the union of all. Without `num_heads`, all groups
   share one pattern.
@@ -89,6 +91,9 @@ def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: in
         inside_mask[r, idx] = True
     if self_attend:
       inside_mask[np.arange(seq_len), np.arange(seq_len)] = True
+    if member_rows and not member_self:
+      members = np.unique(np.concatenate([np.asarray(g) for g in gs]))
+      inside_mask[members, members] = False
     return np.where(inside_mask, inside, outside).astype(np.float32)
 
   if num_heads is None:

@@ -26,14 +26,29 @@ def _parse_list(text: str, allowed, what: str) -> list[str]:
   return items
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
+  """--seeds: a count K (seeds 0..K-1), a range "A-B" (A..B inclusive) or a list "A,B,C"."""
+  text = text.strip()
   try:
-    k = int(text)
+    if "," in text:
+      seeds = [int(t) for t in text.split(",") if t.strip()]
+    elif "-" in text[1:]:
+      lo, hi = (int(t) for t in text.split("-"))
+      if hi < lo:
+        raise ValueError
+      seeds = list(range(lo, hi + 1))
+    else:
+      k = int(text)
+      if k < 1:
+        raise UsageError("--seeds must be at least 1")
+      seeds = list(range(k))
   except ValueError:
-    raise UsageError(f"--seeds must be a positive integer, not {text!r}") from None
-  if k < 1:
-    raise UsageError("--seeds must be at least 1")
-  return list(range(k))
+    raise UsageError(f"--seeds must be a count (5), a range (0-9) or a list (3,5,8), not {text!r}") from None
+  if not seeds or min(seeds) < 0:
+    raise UsageError(f"--seeds must name non-negative seeds, not {text!r}")
+  if len(set(seeds)) != len(seeds):
+    raise UsageError(f"--seeds names a seed twice: {text!r}")
+  return seeds
 
 
 def _config(args, name: str):
@@ -64,7 +79,7 @@ def cmd_boolean(args) -> int:
   cfg = _config(args, "boolean")
   boolean_run.validate(cfg)
   methods = _parse_list(args.methods, boolean_run.METHODS, "method")
-  seeds = _seeds(args.seeds)
+  seeds = parse_seeds(args.seeds)
   if args.target or args.seen:
     if not (args.target and args.seen):
       raise UsageError("a custom task needs both --target and --seen")
@@ -72,7 +87,7 @@ def cmd_boolean(args) -> int:
       raise UsageError("give either --task or --target/--seen, not both")
     tasks = [boolean.custom_task(args.target, args.seen, args.n)]
   elif args.task:
-    tasks = [boolean.get_task(args.task)]
+    tasks = [boolean_run.headline_tasks(cfg)[boolean.get_task(args.task).name]]
     if args.n is not None and args.n != tasks[0].n:
       raise UsageError(f"--n applies to custom tasks; {tasks[0].name} has n = {tasks[0].n}")
   else:
@@ -113,7 +128,7 @@ def cmd_arithmetic(args) -> int:
       cfg.task.train_sizes = _sizes(args.train_sizes)
   arithmetic_run.validate(cfg)
   methods = _parse_list(args.methods, arithmetic_run.METHODS, "method")
-  seeds = _seeds(args.seeds)
+  seeds = parse_seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
   _check_workdir(workdir, {"command": "arithmetic", "config": cfg.to_dict(), "methods": methods, "seeds": seeds},
                  args.fresh)
@@ -135,7 +150,7 @@ def _vision_language(args, kind: str) -> int:
       cfg.data.data_dir = args.data_dir
   runner.validate(cfg)
   methods = _parse_list(args.methods, supervised.METHODS, "method")
-  seeds = _seeds(args.seeds)
+  seeds = parse_seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
   _check_workdir(workdir, {"command": kind, "config": cfg.to_dict(), "methods": methods, "seeds": seeds}, args.fresh)
   res = runner.run(cfg, methods, seeds, workdir)
@@ -206,9 +221,10 @@ def cmd_report(args) -> int:
   return 0
 
 
-def _common(p: argparse.ArgumentParser, workdir: str) -> None:
+def _common(p: argparse.ArgumentParser, workdir: str, seeds: str = "3") -> None:
   p.add_argument("--methods", default="vanilla,mimetic,qk,mask")
-  p.add_argument("--seeds", default="3", help="number of seeds (0..K-1)")
+  p.add_argument("--seeds", default=seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C "
+                 "(default: %(default)s)")
   p.add_argument("--workdir", default=workdir)
   p.add_argument("--config", help="config file (default: the built-in config of this benchmark)")
   p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
@@ -223,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
   b.add_argument("--target", help='custom target, e.g. "x0x1x2 + x1x2"')
   b.add_argument("--seen", help='custom seen domain, e.g. "x0 == 1"')
   b.add_argument("--n", type=int, help="dimension of a custom task (default: largest variable + 1)")
-  _common(b, "runs/boolean")
+  _common(b, "runs/boolean", seeds="0-4")
   b.set_defaults(fn=cmd_boolean)
   a = sub.add_parser("arithmetic", help="low-data arithmetic benchmark (addition, modular addition)")
   a.add_argument("--task", choices=("add", "modadd"), help="default: the config's (add)")

@@ -259,6 +259,19 @@ def get_task(name: str) -> Task:
   return TASKS[key]
 
 
+def resized(task: Task, n: int) -> Task:
+  """A built-in task at another dimension n: f3's cyclic sum is rebuilt over n variables, every
+  other target keeps its formula (the extra or fewer variables are irrelevant ones)."""
+  if task.name == "f3_cyclic":
+    if n < 3:
+      raise TaskSpecError("f3_cyclic needs n >= 3")
+    return Task(task.name, n, _cyclic(n), task.seen)
+  needed = max(task.expr.variables | task._condition[1]) + 1
+  if n < needed:
+    raise TaskSpecError(f"{task.name} needs n >= {needed}, not {n}")
+  return Task(task.name, n, task.target, task.seen)
+
+
 def custom_task(target: str, seen: str, n: int | None = None, name: str = "custom") -> Task:
   expr = parse_target(target)
   _, cvars = parse_condition(seen)

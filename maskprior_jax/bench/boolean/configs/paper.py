@@ -11,6 +11,7 @@ from maskprior_jax.bench.config import builtin_config
 
 def get_config():
   c = builtin_config("boolean")
+  c.task.n_by_task = ""                                  # GOTU's sizes: n = 15, frozen-coordinate 18
   c.model.update(dim=256, depth=12, num_heads=6, head_dim=64, mlp_dim=256)
   c.train.update(steps=8000, batch_size=256, learning_rate=2e-5, weight_decay=1e-3, optimizer="adamw",
                  learning_rate_by_task="f2_2parity=1e-5,f4_majority=1e-5,frozen_coordinate=1e-5",
