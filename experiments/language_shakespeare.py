@@ -2,7 +2,7 @@
 dim 384, depth 6, 6 heads of 64, MLP 1536, context 256, batch 64, AdamW lr 1e-3, 5000 steps.
 
   tfds build tiny_shakespeare --file_format=array_record --data_dir ~/tensorflow_datasets   # once
-  maskprior language --config experiments/language_shakespeare.py --data_dir ~/tensorflow_datasets \
+  maskprior language --config experiments/language_shakespeare.py --data-dir ~/tensorflow_datasets \
       --seeds 3 --workdir runs/shakespeare
 """
 from maskprior_jax.bench.config import builtin_config

@@ -4,7 +4,7 @@ AdamW lr 1e-3, weight decay 0.05, batch 512, 20k steps (about 200 epochs). No da
 in this pipeline, so expect less than the papers' augmented numbers.
 
   tfds build cifar10 --file_format=array_record --data_dir ~/tensorflow_datasets   # once, with network
-  maskprior vision --config experiments/vision_cifar10.py --dataset cifar10 --data_dir ~/tensorflow_datasets \
+  maskprior vision --config experiments/vision_cifar10.py --dataset cifar10 --data-dir ~/tensorflow_datasets \
       --seeds 3 --workdir runs/cifar10
 """
 from maskprior_jax.bench.config import builtin_config

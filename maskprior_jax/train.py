@@ -159,9 +159,9 @@ def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = N
 class Progress:
   """Prints `[label] step k/total loss=... (steps/s, elapsed)` every `every` steps."""
 
-  def __init__(self, total: int, label: str = "", every: int = 100, stream=sys.stderr,
-               enabled: bool = True):
-    self.total, self.label, self.every, self.stream, self.enabled = total, label, every, stream, enabled
+  def __init__(self, total: int, label: str = "", every: int = 100, stream=None, enabled: bool = True):
+    self.total, self.label, self.every, self.enabled = total, label, every, enabled
+    self.stream = stream or sys.stderr
     self.t0 = self.t_last = time.perf_counter()
     self.last_step = 0
 

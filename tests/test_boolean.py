@@ -89,3 +89,62 @@ def test_seen_points_enumerates_exactly_the_seen_domain():
   pts = B.seen_points(task, np.random.default_rng(0))
   assert len(pts) == 3 * 2 ** 13 and len(np.unique(pts, axis=0)) == len(pts)
   assert task.is_seen(pts).all()
+
+
+def test_reference_interpolants_on_f2_equal_hand_computed_values():
+  """f2 = x0x1 seen where x0 = 1 or x1 = 1. On (+,+), (+,-), (-,+) the support monomials 1, x0, x1,
+  x0x1 are orthogonal, so the minimum-norm fit is A^T y / 4 = (-1/4, 1/4, 1/4, 3/4), which is 0 at
+  (-,-); the count lookup has count 2 -> 1, count 1 -> -1 and count 0 unconstrained (0 at minimum
+  norm). Truth at (-,-) is 1, the MDI x0 + x1 - 1 gives -3: unseen MSE 1 for both references,
+  1/16 of the MDI's."""
+  from maskprior_jax.bench.boolean import mechanism as M
+  task = B.TASKS["f2_2parity"]
+  mdi = B.minimum_degree_interpolator(task)
+  pts = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1]], np.int8)
+  full = np.ones((4, task.n), np.int8)
+  full[:, :2] = pts
+  np.testing.assert_allclose(M.support_lsq(task)(full), [1, -1, -1, 0], atol=1e-12)
+  np.testing.assert_allclose(M.count_lookup(task)(full), [1, -1, -1, 0], atol=1e-12)
+  d = M.describe(task, mdi)
+  assert d["by"] == "relevant" and d["groups"] == ["x0- x1-"] and d["size"] == [1]
+  np.testing.assert_allclose([d["truth"][0], d["mdi"][0], d["support_lsq"][0], d["count_lookup"][0]], [1, -3, 0, 0],
+                             atol=1e-12)
+  assert d["support_lsq_unseen_mse"] == pytest.approx(1.0) and d["count_lookup_unseen_mse"] == pytest.approx(1.0)
+  ids = M.group_ids(task, full, d["by"], M.unseen_groups(task)[1])
+  assert ids.tolist() == [-1, -1, -1, 0]
+
+
+def test_prior_variants_noself_and_layered():
+  from maskprior_jax import priors
+  m = priors.group_matrix([[1, 2, 3]], 5, num_heads=1, outside=-4.0, readers=[0], member_self=False)[0]
+  assert m[1, 1] == -4 and m[1, 2] == 0 and m[2, 3] == 0 and m[4, 4] == 0 and m[0, 0] == 0 and m[0, 1] == 0
+  from maskprior_jax.bench.boolean import run as R
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  cfg = apply_overrides(builtin_config("boolean"), ["--config.prior.layers=layered"])
+  task = B.TASKS["f2_2parity"]
+  first, second = R.prior_pattern(task, cfg, 0), R.prior_pattern(task, cfg, 1)
+  assert (first[:, 0, 1:] == -4).all() and (first[:, 1, 1:3] == 0).all()      # layer 0: CLS does not read yet
+  assert (second[:, 0, 1:3] == 0).all() and (second[:, 1, 2] == -4).all()     # layer 1: CLS reads, tokens self
+
+
+def test_unfit_runs_are_reported_as_such_and_not_scored():
+  from maskprior_jax.bench.boolean import run as R
+  task = B.TASKS["f2_2parity"]
+  from maskprior_jax.bench.boolean import mechanism as M
+  mdi = B.minimum_degree_interpolator(task)
+  persistence = [{"step": 0, "attn_tv": [0.5, 0.5]}, {"step": 10, "attn_tv": [0.4, 0.4]}]
+
+  def run(method, seed, seen, unseen, fitted):
+    return {"method": method, "seed": seed, "seen_mse": seen, "fitted": fitted, "unseen_mse_true": unseen,
+            "unseen_mse_mdi": 1.0, "unseen_group_means": [0.5], "degree_profile": None, "persistence": persistence}
+  res = {"task": task.name, "n": task.n, "target": task.target, "seen": task.seen, "mdi": mdi.pretty(),
+         "mdi_unseen_mse_true": 16.0, "fit_threshold_seen_mse": 0.01, "mechanism": M.describe(task, mdi),
+         "truth_degree_profile": [0, 0, 1.0], "mdi_degree_profile": [1.0, 2.0, 0],
+         "runs": [run("vanilla", 0, 0.5, 3.0, False), run("vanilla", 1, 0.6, 2.0, False),
+                  run("mask", 0, 0.001, 0.8, True), run("mask", 1, 0.5, 16.0, False)]}
+  table = R.task_table(res)
+  assert "| vanilla | 0/2 |" in table and "| mask | 1/2 |" in table
+  assert "did not fit, did not fit" in table and "0.05, did not fit" in table
+  assert "0.05 |" in table                                  # the mask's score is its fitted seed only
+  head = R.headline_table([res])
+  assert "did not fit (0/2)" in head and "0.05 (1/2)" in head and "| yes |" in head

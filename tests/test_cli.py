@@ -57,7 +57,7 @@ def test_end_to_end_writes_results_table_and_plots(finished_run):
   assert all(len(r["state_sha256"]) == 64 for r in res["runs"])
   assert {"jax", "flax", "maskprior_jax", "devices"} <= set(res["environment"])
   for m in ("vanilla", "mimetic", "qk", "mask"):
-    assert any((finished_run / "tensorboard" / m).glob("events.out.tfevents.*"))
+    assert any((finished_run / "tensorboard" / m).glob("seeds_0_1/events.out.tfevents.*"))
   rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 4 * 3 and {r["method"] for r in rows} == {"vanilla", "mimetic", "qk", "mask"}
 
@@ -83,6 +83,8 @@ def test_rerun_skips_finished_methods(finished_run, capsys):
     (["--task", "f2", "--config.eval.every_steps=75"], "must be a multiple of train.steps_per_call"),
     (["--task", "f2", "--config.train.learning_rate_by_task=f2:1e-3"], "bad entry"),
     (["--task", "f2", "--seeds", "0"], "--seeds must be at least 1"),
+    (["--task", "f2", "--seeds", "5-2"], "a range"),
+    (["--task", "f2", "--seeds", "1,1"], "names a seed twice"),
     (["--task", "f2", "--config.train.steps=5000"], "different config"),
 ])
 def test_bad_input_is_one_line_and_leaves_the_workdir_alone(finished_run, args, message):
@@ -111,7 +113,19 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
   assert not (tmp_path / "results.json").exists()
   import re
   last_good = int(re.search(r"between steps (\d+) and", line).group(1))
-  ckpt = tmp_path / "checkpoints" / "vanilla"
+  ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0"
   saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
   assert all(s <= last_good for s in saved)
   assert last_good >= 1 and saved and saved[-1] == last_good
+
+
+def test_seed_ranges_and_lists_reach_results_json(tmp_path):
+  assert cli.parse_seeds("3") == [0, 1, 2] and cli.parse_seeds("2-5") == [2, 3, 4, 5]
+  assert cli.parse_seeds("3,5,8") == [3, 5, 8] and cli.parse_seeds("7-7") == [7]
+  rc = cli.main(["boolean", "--task", "f2", "--methods", "vanilla", "--seeds", "3,5", "--workdir", str(tmp_path),
+                 *SHORT])
+  assert rc == 0
+  res = json.loads((tmp_path / "results.json").read_text())
+  assert sorted(r["seed"] for r in res["runs"]) == [3, 5]
+  assert all(isinstance(r["fitted"], bool) for r in res["runs"])
+  assert "Seeds 3, 5;" in (tmp_path / "table.md").read_text()

@@ -27,7 +27,7 @@ def _digests(workdir):
 
 
 def _steps(workdir):
-  d = pathlib.Path(workdir) / "checkpoints" / "mask"
+  d = pathlib.Path(workdir) / "checkpoints" / "mask" / "seeds_0_1"
   return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
 
 
@@ -80,7 +80,7 @@ def test_truncated_latest_checkpoint_falls_back_to_previous(uninterrupted, tmp_p
   rc, _ = _start_and_stop_after(tmp_path, 300, signal.SIGKILL)
   steps = _steps(tmp_path)
   assert len(steps) >= 2
-  latest = tmp_path / "checkpoints" / "mask" / str(steps[-1])
+  latest = tmp_path / "checkpoints" / "mask" / "seeds_0_1" / str(steps[-1])
   for f in latest.rglob("*"):
     if f.is_file():
       f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 3])

@@ -75,7 +75,7 @@ def test_tfds_images_load_through_data_source(data_dir):
 
 def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
   work = tmp_path / "v"
-  rc = cli.main(["vision", "--dataset", "maskprior_tiny_images", "--data_dir", str(data_dir), "--methods",
+  rc = cli.main(["vision", "--dataset", "maskprior_tiny_images", "--data-dir", str(data_dir), "--methods",
                  "vanilla,mask", "--seeds", "2", "--workdir", str(work), *SHORT])
   assert rc == 0
   res = json.loads((work / "results.json").read_text())
@@ -87,7 +87,7 @@ def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
 
 def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
   work = tmp_path / "l"
-  rc = cli.main(["language", "--dataset", "maskprior_tiny_text", "--data_dir", str(data_dir), "--methods", "mask",
+  rc = cli.main(["language", "--dataset", "maskprior_tiny_text", "--data-dir", str(data_dir), "--methods", "mask",
                  "--seeds", "1", "--workdir", str(work), "--config.data.seq_len=32", *SHORT])
   assert rc == 0
   res = json.loads((work / "results.json").read_text())
@@ -97,11 +97,11 @@ def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
 
 
 def test_missing_dataset_is_a_one_line_error(tmp_path, capsys):
-  rc = cli.main(["vision", "--dataset", "cifar10", "--data_dir", str(tmp_path / "empty"),
+  rc = cli.main(["vision", "--dataset", "cifar10", "--data-dir", str(tmp_path / "empty"),
                  "--workdir", str(tmp_path / "w"), *SHORT])
   assert rc == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "tfds build cifar10" in err[0] and "--data_dir" in err[0]
+  assert len(err) == 1 and "tfds build cifar10" in err[0] and "--data-dir" in err[0]
 
 
 def test_embedded_defaults():

@@ -38,10 +38,11 @@ def parse_seeds(text: str) -> list[int]:
         raise ValueError
       seeds = list(range(lo, hi + 1))
     else:
-      k = int(text)
-      if k < 1:
+      seeds = list(range(int(text)))
+      if not seeds:
         raise UsageError("--seeds must be at least 1")
-      seeds = list(range(k))
+  except UsageError:
+    raise
   except ValueError:
     raise UsageError(f"--seeds must be a count (5), a range (0-9) or a list (3,5,8), not {text!r}") from None
   if not seeds or min(seeds) < 0:
@@ -56,13 +57,24 @@ def _config(args, name: str):
   return apply_overrides(cfg, args.overrides)
 
 
-def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
-  """A workdir that holds a run of a different config is an error unless --fresh."""
+def _check_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
+  """Called once every input is known good, before anything is written. A workdir that holds a
+  run of a different config or command is an error unless --fresh; one that cannot be created or
+  written is a one-line error. Seeds and methods are not part of the record: more of either can be
+  added to a workdir (finished (method, seed) runs are kept)."""
+  import os
   cfg_path = workdir / "run_config.json"
-  cfg = json.loads(json.dumps(cfg, sort_keys=True))  # as stored: tuples become lists
+  record = json.loads(json.dumps(record, sort_keys=True))  # as stored: tuples become lists
+  if workdir.exists() and not workdir.is_dir():
+    raise UsageError(f"--workdir {workdir} is a file, not a folder")
+  existing = next(p for p in [workdir, *workdir.absolute().parents] if p.exists())
+  if not existing.is_dir():
+    raise UsageError(f"cannot create --workdir {workdir}: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UsageError(f"cannot write in --workdir {workdir}: {existing} is not writable")
   if cfg_path.exists() and not fresh:
     old = json.loads(cfg_path.read_text())
-    if old != cfg:
+    if old != record:
       raise UsageError(f"{workdir} holds a run with a different config or command; use another "
                        f"--workdir, or --fresh to start over there")
   workdir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +82,7 @@ def _check_workdir(workdir: pathlib.Path, cfg, fresh: bool) -> None:
     import shutil
     for child in workdir.iterdir():
       shutil.rmtree(child) if child.is_dir() else child.unlink()
-  cfg_path.write_text(json.dumps(cfg, indent=1, sort_keys=True))
+  cfg_path.write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
 def cmd_boolean(args) -> int:
@@ -86,6 +98,8 @@ def cmd_boolean(args) -> int:
     if args.task:
       raise UsageError("give either --task or --target/--seen, not both")
     tasks = [boolean.custom_task(args.target, args.seen, args.n)]
+    if args.n is None:
+      print(f"maskprior: note: no --n given, so n = {tasks[0].n} (the largest variable index + 1)", file=sys.stderr)
   elif args.task:
     tasks = [boolean_run.headline_tasks(cfg)[boolean.get_task(args.task).name]]
     if args.n is not None and args.n != tasks[0].n:
@@ -93,14 +107,16 @@ def cmd_boolean(args) -> int:
   else:
     tasks = None
   workdir = pathlib.Path(args.workdir)
-  record = {"command": "boolean", "config": cfg.to_dict(), "methods": methods, "seeds": seeds,
+  record = {"command": "boolean", "config": cfg.to_dict(),
             "tasks": [[t.name, t.n, t.target, t.seen] for t in tasks] if tasks else "headline"}
   _check_workdir(workdir, record, args.fresh)
   if tasks is None:
     boolean_run.run_headline(cfg, methods, seeds, workdir)
     print((workdir / "summary.md").read_text())
   else:
-    res = boolean_run.run_task(tasks[0], cfg, methods, seeds, workdir)
+    from maskprior_jax.bench.results import RunProgress
+    res = boolean_run.run_task(tasks[0], cfg, methods, seeds, workdir,
+                               progress=RunProgress(len(methods), label=tasks[0].name))
     print(boolean_run.task_table(res))
   print(f"results in {workdir}")
   return 0
@@ -130,8 +146,7 @@ def cmd_arithmetic(args) -> int:
   methods = _parse_list(args.methods, arithmetic_run.METHODS, "method")
   seeds = parse_seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
-  _check_workdir(workdir, {"command": "arithmetic", "config": cfg.to_dict(), "methods": methods, "seeds": seeds},
-                 args.fresh)
+  _check_workdir(workdir, {"command": "arithmetic", "config": cfg.to_dict()}, args.fresh)
   res = arithmetic_run.run(cfg, methods, seeds, workdir)
   print(arithmetic_run.table(res))
   print(f"results in {workdir}")
@@ -152,8 +167,10 @@ def _vision_language(args, kind: str) -> int:
   methods = _parse_list(args.methods, supervised.METHODS, "method")
   seeds = parse_seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
-  _check_workdir(workdir, {"command": kind, "config": cfg.to_dict(), "methods": methods, "seeds": seeds}, args.fresh)
-  res = runner.run(cfg, methods, seeds, workdir)
+  import jax
+  problem = runner.load_problem(cfg, jax.process_index(), jax.process_count())   # data found before any write
+  _check_workdir(workdir, {"command": kind, "config": cfg.to_dict()}, args.fresh)
+  res = supervised.run(cfg, problem, methods, seeds, workdir)
   print(supervised.table(res))
   print(f"results in {workdir}")
   return 0
@@ -182,7 +199,7 @@ def cmd_report(args) -> int:
     found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
   if not found:
     raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
-  loaded = [json.loads(p.read_text()) for p in found]
+  all_loaded = loaded = [json.loads(p.read_text()) for p in found]
   for path, res in zip(found, loaded):
     if res.get("benchmark") not in BENCHMARKS:
       raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
@@ -199,14 +216,22 @@ def cmd_report(args) -> int:
   if not loaded:
     return 0
   by_task: dict[str, dict] = {}
-  for res in loaded:
-    if res["task"] in by_task:
-      merged = by_task[res["task"]]
-      merged["runs"] += res["runs"]
-      for m, c in res.get("curves", {}).items():
-        merged["curves"].setdefault(m, c)
+  source: dict[str, pathlib.Path] = {}
+  for path, res in zip([p for p, r in zip(found, all_loaded) if r["benchmark"] == "boolean"], loaded):
+    if res["task"] in by_task:   # pool seeds of the same task, from runs of the same config only
+      merged, first = by_task[res["task"]], source[res["task"]]
+      if res["config_digest"] != merged["config_digest"]:
+        raise UsageError(f"{first} and {path} ran {res['task']} with different configs; pool only runs of one config")
+      have = {(r["method"], r["seed"]) for r in merged["runs"]}
+      twice = sorted({(r["method"], r["seed"]) for r in res["runs"]} & have)
+      if twice:
+        method, seed = twice[0]
+        raise UsageError(f"{first} and {path} both hold {res['task']} method {method} seed {seed}; "
+                         "pool only disjoint seeds")
+      merged = by_task[res["task"]] = {**merged, "runs": merged["runs"] + res["runs"],
+                                       "curves": {**res.get("curves", {}), **merged["curves"]}}
     else:
-      by_task[res["task"]] = res
+      by_task[res["task"]], source[res["task"]] = res, path
   order = {name: i for i, name in enumerate(boolean.TASKS)}
   results = sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
   if out is not None:
@@ -221,45 +246,64 @@ def cmd_report(args) -> int:
   return 0
 
 
+CONFIG_HELP = """config overrides:
+  --config.SECTION.KEY=VALUE   change one value of the config (built-in, or --config FILE); the
+                               config is locked, so an unknown key is an error. Example:
+                               maskprior boolean --task f2 --config.train.steps=3000 --config.prior.outside=-8
+"""
+
+
 def _common(p: argparse.ArgumentParser, workdir: str, seeds: str = "3") -> None:
-  p.add_argument("--methods", default="vanilla,mimetic,qk,mask")
+  p.add_argument("--methods", default="vanilla,mimetic,qk,mask",
+                 help="comma-separated, from vanilla, mimetic, qk, mask (default: %(default)s)")
   p.add_argument("--seeds", default=seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C "
                  "(default: %(default)s)")
-  p.add_argument("--workdir", default=workdir)
-  p.add_argument("--config", help="config file (default: the built-in config of this benchmark)")
-  p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over")
+  p.add_argument("--workdir", default=workdir, help="run folder; a rerun continues there (default: %(default)s)")
+  p.add_argument("--config", help="config file with get_config() (default: the built-in config of this benchmark)")
+  p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.")
+  parser = argparse.ArgumentParser(
+      prog="maskprior", description="Mask-prior experiments.", epilog=CONFIG_HELP,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest="command", required=True)
-  b = sub.add_parser("boolean", help="Boolean extrapolation (GOTU) benchmark",
+  b = sub.add_parser("boolean", help="Boolean extrapolation (GOTU) benchmark", epilog=CONFIG_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
                      description="Without --task or --target: the headline, all five tasks.")
-  b.add_argument("--task", help="f1_threesym, f2_2parity, f3_cyclic, f4_majority, frozen_coordinate (or f1..f4, frozen)")
-  b.add_argument("--target", help='custom target, e.g. "x0x1x2 + x1x2"')
-  b.add_argument("--seen", help='custom seen domain, e.g. "x0 == 1"')
+  b.add_argument("--task", help="f1_threesym, f2_2parity, f3_cyclic, f4_majority, frozen_coordinate (or f1..f4, "
+                 "frozen) at the config's sizes (default: the headline, all five)")
+  b.add_argument("--target", help='custom target, e.g. "x0x1x2 + x1x2" (default: none)')
+  b.add_argument("--seen", help='custom seen domain, e.g. "x0 == 1" (default: none)')
   b.add_argument("--n", type=int, help="dimension of a custom task (default: largest variable + 1)")
   _common(b, "runs/boolean", seeds="0-4")
   b.set_defaults(fn=cmd_boolean)
-  a = sub.add_parser("arithmetic", help="low-data arithmetic benchmark (addition, modular addition)")
+  a = sub.add_parser("arithmetic", help="low-data arithmetic benchmark (addition, modular addition)",
+                     epilog=CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
   a.add_argument("--task", choices=("add", "modadd"), help="default: the config's (add)")
-  a.add_argument("--digits", type=int, help="operand digits for add (default 3)")
-  a.add_argument("--train-sizes", help="comma-separated training-set sizes (default 250,500,1000,2000,5000)")
+  a.add_argument("--digits", type=int, help="operand digits for add (default: the config's, 3)")
+  a.add_argument("--train-sizes", help="comma-separated training-set sizes (default: the config's, "
+                 "250,500,1000,2000,5000)")
   _common(a, "runs/arithmetic")
   a.set_defaults(fn=cmd_arithmetic)
-  v = sub.add_parser("vision", help="ViT classification with a 2-D locality prior")
-  v.add_argument("--dataset", help="digits (embedded, default) or a TFDS image dataset: mnist, cifar10, ...")
-  v.add_argument("--data_dir", help="TFDS data_dir holding the prepared dataset (array_record)")
+  v = sub.add_parser("vision", help="ViT classification with a 2-D locality prior", epilog=CONFIG_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  v.add_argument("--dataset", help="digits (embedded, the default) or a prepared TFDS image dataset: mnist, cifar10, ...")
+  v.add_argument("--data-dir", dest="data_dir", help="TFDS data_dir holding the prepared dataset (array_record; "
+                 "default: the config's data.data_dir, else ~/tensorflow_datasets)")
   _common(v, "runs/vision")
   v.set_defaults(fn=cmd_vision)
-  lang = sub.add_parser("language", help="byte-level LM (or text classification) with a 1-D recency prior")
-  lang.add_argument("--dataset", help="pydoc (embedded, default) or a TFDS text dataset: tiny_shakespeare, imdb_reviews")
-  lang.add_argument("--data_dir", help="TFDS data_dir holding the prepared dataset (array_record)")
+  lang = sub.add_parser("language", help="byte-level LM (or text classification) with a 1-D recency prior",
+                        epilog=CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+  lang.add_argument("--dataset", help="pydoc (embedded, the default) or a prepared TFDS text dataset: "
+                    "tiny_shakespeare, imdb_reviews")
+  lang.add_argument("--data-dir", dest="data_dir", help="TFDS data_dir holding the prepared dataset (array_record; "
+                    "default: the config's data.data_dir, else ~/tensorflow_datasets)")
   _common(lang, "runs/language")
   lang.set_defaults(fn=cmd_language)
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
-  r.add_argument("--out", help="write summary.md, headline.png and per-task plots here")
+  r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
   r.set_defaults(fn=cmd_report)
   return parser
 
@@ -287,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
   except Preempted as e:
     print(f"maskprior: {e}", file=sys.stderr)
     return 143
+  except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
+          file=sys.stderr)
+    return 2
   except KeyboardInterrupt:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
           file=sys.stderr)

@@ -80,18 +80,20 @@ def pydoc_text(test_fraction: float = 0.1) -> TextData:
 
 
 def _source(name: str, split: str, data_dir: str | None):
+  embedded = ", ".join(EMBEDDED_VISION + EMBEDDED_TEXT)
   try:
     import tensorflow_datasets as tfds
   except ImportError:
-    raise DataError(f"dataset {name!r} needs tensorflow-datasets: pip install 'maskprior-jax[data]'") from None
+    raise DataError(f"dataset {name!r} is not embedded ({embedded}) and TFDS datasets need tensorflow-datasets: "
+                    "pip install -e '.[data]' in a clone, or pip install 'maskprior-jax[data]'") from None
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # not registered, not prepared, or prepared in another format
-    where = f"--data_dir {data_dir}" if data_dir else "the default TFDS data_dir (~/tensorflow_datasets)"
+    where = f"--data-dir {data_dir}" if data_dir else "the default TFDS data_dir (~/tensorflow_datasets)"
     reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-    raise DataError(f"TFDS dataset {name!r} split {split!r} is not readable in {where} ({reason}); prepare it on "
-                    f"a machine with network access with `tfds build {name} --file_format=array_record "
-                    f"--data_dir DIR` and pass --data_dir DIR") from None
+    raise DataError(f"dataset {name!r} is not embedded ({embedded}) and TFDS split {split!r} is not readable in "
+                    f"{where} ({reason}); prepare it on a machine with network access with `tfds build {name} "
+                    f"--file_format=array_record --data_dir DIR` and pass --data-dir DIR") from None
 
 
 def _host_indices(n: int, process_index: int, process_count: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from maskprior_jax import baselines, measure, optim, train
 from maskprior_jax.attention import MASK_PRIOR
-from maskprior_jax.bench.results import RunRecord, per_run
+from maskprior_jax.bench.results import RunRecord, TensorBoardLog, per_run
 from maskprior_jax.checkpoint import Checkpointer, tree_sha256
 
 METHODS = ("vanilla", "mimetic", "qk", "mask")
@@ -61,7 +61,7 @@ def data_parallel_mesh(cfg):
 
 def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_input, probe_input,
                  target_attn, loss_fn, batch_fn, metrics_fn, label: str, checkpoint_dir=None,
-                 run_data=None, attn_rows=None, run_ids: Sequence[int] | None = None):
+                 tensorboard_dir=None, run_data=None, attn_rows=None, run_ids: Sequence[int] | None = None):
   """Train one method for every seed in one vmapped program (`train.train_seeds`), with the
   persistence measurements.
 
@@ -72,7 +72,8 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
   distance between attention rows on `probe_input` and `target_attn` (heads, q, kv) (only
   rows `attn_rows` if given), and for a model with a prior `mask_drift` ||B_t-B_0||/||B_0||.
   `run_ids` (default: the seeds) index runs for `batch_fn` when runs differ by more than the
-  seed; the seeds give each run its initialization.
+  seed; the seeds give each run its initialization. With `tensorboard_dir`, every evaluation
+  reaches TensorBoard as it is made.
   Returns (final stacked state, history, per-run init info, stacked initial variables).
   """
   inits = [initial_variables(method, model, sample_input, s, cfg, probe_input=probe_input,
@@ -95,6 +96,14 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
       out["mask_drift"] = measure.mask_drift(stacked, init0)
     return out
 
+  tensorboard = None if tensorboard_dir is None else TensorBoardLog(tensorboard_dir)
+
+  def eval_fn(step, stacked):
+    out = eval_all(stacked, run_data)
+    if tensorboard is not None:
+      tensorboard(step, jax.device_get(out))
+    return out
+
   checkpointer = None
   if checkpoint_dir is not None:
     checkpointer = Checkpointer(checkpoint_dir, max_to_keep=cfg.checkpoint.max_to_keep)
@@ -102,12 +111,14 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
     state, history = train.train_seeds(
         loss_fn=loss_fn, tx=tx, variables=variables0, seeds=list(run_ids if run_ids is not None else seeds),
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
-        eval_every=cfg.eval.every_steps, eval_fn=lambda step, v: eval_all(v, run_data), label=label,
+        eval_every=cfg.eval.every_steps, eval_fn=eval_fn, label=label,
         checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=data_parallel_mesh(cfg),
         fsdp=cfg.train.get("fsdp", False))
   finally:
     if checkpointer is not None:
       checkpointer.close()
+    if tensorboard is not None:
+      tensorboard.close()
   return state, history, [i for _, i in inits], init0
 
 

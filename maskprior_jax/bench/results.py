@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import platform
+import sys
 import time
 from typing import Any, Sequence
 
@@ -75,17 +76,35 @@ def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header
 
 
 def record_method(results: dict, method: str, history: Sequence[dict], wall_s: float,
-                  workdir: pathlib.Path, **metrics_extra) -> None:
-  """Store a finished method's eval curves and wall time, and rewrite results.json and
-  metrics.jsonl (one row per method and evaluation, plus `metrics_extra`)."""
+                  workdir: pathlib.Path, run_labels: Sequence | None = None) -> None:
+  """Store a finished batch of a method's runs: its eval curves (appended run-wise to the curves
+  of earlier seeds of the same method, which share the eval steps) and wall time; rewrite
+  results.json and metrics.jsonl (one row per method and evaluation; `run_labels` name the runs
+  of each curve, the seeds by default)."""
   workdir = pathlib.Path(workdir)
-  results["curves"][method] = {k: [h[k] for h in history] for k in history[0]}
-  results["wall_s"][method] = wall_s
+  new = {k: [h[k] for h in history] for k in history[0]}
+  new["runs"] = [list(r) if isinstance(r, (tuple, list)) else r for r in (run_labels or [])]
+  old = results["curves"].get(method)
+  if old is not None and old["step"] == new["step"]:
+    new = {k: (v if k == "step" else (old[k] + v if k == "runs" else [a + b for a, b in zip(old[k], v)]))
+           for k, v in new.items()}
+  results["curves"][method] = new
+  results["wall_s"][method] = results["wall_s"].get(method, 0.0) + wall_s
   write_json(workdir / "results.json", results)
   write_jsonl(workdir / "metrics.jsonl", [
-      {"method": m, **metrics_extra, **{k: c[k][t] for k in c}}
+      {"method": m, "runs": c.get("runs"), **{k: c[k][t] for k in c if k != "runs"}}
       for m, c in results["curves"].items() for t in range(len(c["step"]))])
-  write_tensorboard(workdir / "tensorboard" / method, history)
+
+
+def seeds_to_run(results: dict, method: str, seeds: Sequence[int]) -> list[int]:
+  """The seeds of `method` that results.json does not hold yet (a rerun, or more seeds, runs only those)."""
+  done = {r["seed"] for r in results["runs"] if r["method"] == method}
+  return [s for s in seeds if s not in done]
+
+
+def seeds_dir(seeds: Sequence[int]) -> str:
+  """A folder name for one batch of seeds (checkpoints, TensorBoard)."""
+  return "seeds_" + "_".join(str(s) for s in seeds)
 
 
 def environment() -> dict:
@@ -105,20 +124,31 @@ def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
   os.replace(tmp, path)
 
 
-def write_tensorboard(logdir: pathlib.Path, history: Sequence[dict], tag_prefix: str = "") -> None:
-  """Eval history as TensorBoard scalars: per-seed mean of every metric (per layer if a vector)."""
-  from tensorboardX import SummaryWriter
-  with SummaryWriter(str(logdir)) as w:
-    for h in history:
-      for k, v in h.items():
-        if k == "step":
-          continue
-        a = np.asarray(v, float)
-        if a.ndim <= 1:
-          w.add_scalar(f"{tag_prefix}{k}", float(a.mean()), h["step"])
-        else:  # (seeds, layers)
-          for layer, value in enumerate(a.mean(0)):
-            w.add_scalar(f"{tag_prefix}{k}/layer_{layer}", float(value), h["step"])
+class TensorBoardLog:
+  """Eval rows written to TensorBoard as they come: per-seed mean of every metric (per layer if
+  a vector). Opened lazily, so a run that never evaluates writes nothing."""
+
+  def __init__(self, logdir: pathlib.Path):
+    self.logdir, self.writer = pathlib.Path(logdir), None
+
+  def __call__(self, step: int, row: dict) -> None:
+    if self.writer is None:
+      from tensorboardX import SummaryWriter
+      self.writer = SummaryWriter(str(self.logdir))
+    for k, v in row.items():
+      if k == "step":
+        continue
+      a = np.asarray(v, float)
+      if a.ndim <= 1:
+        self.writer.add_scalar(k, float(a.mean()), step)
+      else:  # (seeds, layers)
+        for layer, value in enumerate(a.mean(0)):
+          self.writer.add_scalar(f"{k}/layer_{layer}", float(value), step)
+    self.writer.flush()
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
 
 
 def mean_std(values: Sequence[float]) -> str:
@@ -174,11 +204,6 @@ def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarr
   fig.savefig(path, dpi=110)
 
 
-def finished(results: dict, method: str) -> bool:
-  """Whether results.json already holds `method` (a rerun of the same command skips it)."""
-  return any(r["method"] == method for r in results["runs"])
-
-
 def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:
   """Run i's slice of an eval history: [{"step", key: value, ...}, ...]."""
   return [{"step": h["step"], **{k: h[k][i] for k in keys if k in h}} for h in history]
@@ -201,6 +226,31 @@ def persistence_table(results: dict) -> str:
     drift = [r["persistence"][-1]["mask_drift"] for r in rs if "mask_drift" in r["persistence"][-1]]
     rows.append([m, f"{tv0:.2f} → {tv1:.2f}", mean_std(drift) if drift else "-"])
   return markdown_table(["method", "attn TV start → end", "‖B−B0‖/‖B0‖ end"], rows)
+
+
+class RunProgress:
+  """The whole command's progress, one line per finished method run: done/total, elapsed, and an
+  ETA from the mean time of the runs trained so far (runs found finished count as done, in no time)."""
+
+  def __init__(self, total: int, label: str = "", stream=None):
+    self.total, self.label, self.stream = total, label, stream or sys.stderr
+    self.trained = self.skipped = 0
+    self.t0 = time.perf_counter()
+
+  def skip(self) -> None:
+    self.skipped += 1
+
+  def done(self) -> None:
+    self.trained += 1
+    elapsed = time.perf_counter() - self.t0
+    left = self.total - self.trained - self.skipped
+    eta = elapsed / self.trained * left
+    print(f"[{self.label}] {self.trained + self.skipped}/{self.total} method runs done, "
+          f"{_minutes(elapsed)} elapsed, about {_minutes(eta)} left", file=self.stream, flush=True)
+
+
+def _minutes(seconds: float) -> str:
+  return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 class Timer:

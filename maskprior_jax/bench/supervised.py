@@ -110,8 +110,7 @@ def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], see
   kind = pb.kind
   workdir = pathlib.Path(workdir)
   results_path = workdir / "results.json"
-  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "kind": kind,
-                                                                  "seeds": list(seeds)}), kind, pb.info)
+  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "kind": kind}), kind, pb.info)
   bs, L = cfg.train.batch_size, pb.seq
   is_lm = pb.task == "lm"
 
@@ -136,9 +135,12 @@ def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], see
   ev_x, ev_y = pb.test_x[:n_ev], pb.test_y[:n_ev]
   ev_mask = None if pb.test_mask is None else pb.test_mask[:n_ev]
 
+  progress = results_lib.RunProgress(len(methods), label=pb.name)
   for method in methods:
-    if results_lib.finished(results, method):
-      log(f"[{pb.name}] {method}: already in {results_path}, skipped")
+    todo = results_lib.seeds_to_run(results, method, seeds)
+    if not todo:
+      progress.skip()
+      log(f"[{pb.name}] {method}: seeds {list(seeds)} already in {results_path}, skipped")
       continue
     t_method = results_lib.Timer()
     model = build_model(pb, cfg, method)
@@ -154,17 +156,19 @@ def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], see
       return {"test_loss": ce, **({"test_bits_per_char": ce / np.log(2)} if is_lm else {"test_accuracy": acc})}
 
     state, history, infos, _ = methods_lib.train_method(
-        method=method, model=model, tx=methods_lib.make_tx(cfg), cfg=cfg, seeds=seeds, sample_input=pb.sample,
+        method=method, model=model, tx=methods_lib.make_tx(cfg), cfg=cfg, seeds=todo, sample_input=pb.sample,
         probe_input=pb.probe, target_attn=pb.target_attn, loss_fn=loss_fn, batch_fn=batch_fn,
-        metrics_fn=metrics_fn, label=f"{pb.name}/{method}", checkpoint_dir=workdir / "checkpoints" / method)
+        metrics_fn=metrics_fn, label=f"{pb.name}/{method}", checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
+        tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
     final = _final_eval(model, pb, state.variables)
-    for i, s in enumerate(seeds):
+    for i, s in enumerate(todo):
       metrics = {k: float(v[i]) for k, v in final.items()}
       results["runs"].append(methods_lib.run_record(method, s, i, state, history, infos, metrics).to_json())
-    results_lib.record_method(results, method, history, t_method(), workdir)
+    results_lib.record_method(results, method, history, t_method(), workdir, run_labels=todo)
     key = headline_key(results)
     log(f"[{pb.name}] {method}: {key} "
         f"{results_lib.mean_std([r[key] for r in results['runs'] if r['method'] == method])} ({t_method():.0f}s)")
+    progress.done()
   write_report(results, workdir)
   return results
 

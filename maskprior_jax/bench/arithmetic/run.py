@@ -88,37 +88,41 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
                                   data_seed=cfg.task.data_seed)
   test_x, test_y = task.encode(splits.test_a, splits.test_b)
   rows = task.answer_rows
-  # One run per (training size, seed); run i trains on the first sizes[i] pairs of its seed.
-  runs = [(n, s) for n in sizes for s in seeds]
   train_xy = {s: task.encode(splits.train_a[s], splits.train_b[s]) for s in seeds}
   n_eval = min(cfg.eval.train_eval_size, min(sizes))
-  run_data = {"x": np.stack([train_xy[s][0][:n_eval] for _, s in runs]),
-              "y": np.stack([train_xy[s][1][:n_eval] for _, s in runs])}
   probe = test_x[:cfg.eval.probe_size]
   target_attn = target_attention(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside),
                                  causal=True)
 
   results_path = workdir / "results.json"
-  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "seeds": list(seeds)}),
+  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict()}),
                                      "arithmetic", {
       "task": task.name, "digits": task.digits, "modulus": task.modulus,
       "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
       "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist()})
   bs = cfg.train.batch_size
 
-  def batch_fn(step, run_ids):
-    xs, ys = [], []
-    for r in run_ids:
-      n, s = runs[r]
-      idx = np.random.default_rng([s, n, step]).integers(0, n, bs)
-      xs.append(train_xy[s][0][idx])
-      ys.append(train_xy[s][1][idx])
-    return {"x": np.stack(xs), "y": np.stack(ys)}
-
+  progress = results_lib.RunProgress(len(methods), label=task.name)
   for method in methods:
-    if results_lib.finished(results, method):
-      log(f"[{task.name}] {method}: already in {results_path}, skipped")
+    todo = results_lib.seeds_to_run(results, method, seeds)
+    if not todo:
+      progress.skip()
+      log(f"[{task.name}] {method}: seeds {list(seeds)} already in {results_path}, skipped")
       continue
+    # One run per (training size, seed); run i trains on the first sizes[i] pairs of its seed.
+    runs = [(n, s) for n in sizes for s in todo]
+    run_data = {"x": np.stack([train_xy[s][0][:n_eval] for _, s in runs]),
+                "y": np.stack([train_xy[s][1][:n_eval] for _, s in runs])}
+
+    def batch_fn(step, run_ids, runs=runs):
+      xs, ys = [], []
+      for r in run_ids:
+        n, s = runs[r]
+        idx = np.random.default_rng([s, n, step]).integers(0, n, bs)
+        xs.append(train_xy[s][0][idx])
+        ys.append(train_xy[s][1][idx])
+      return {"x": np.stack(xs), "y": np.stack(ys)}
+
     t_method = results_lib.Timer()
     model = build_model(task, cfg, method)
 
@@ -143,7 +147,8 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
         run_ids=list(range(len(runs))), sample_input=jnp.zeros((1, task.input_len), jnp.int32),
         probe_input=probe, target_attn=target_attn, attn_rows=rows, loss_fn=loss_fn, batch_fn=batch_fn,
         metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}",
-        checkpoint_dir=workdir / "checkpoints" / method)
+        checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
+        tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
 
     decode = jax.jit(jax.vmap(lambda v: greedy_answers(model, v, test_x, task)))
     answers = np.asarray(decode(state.variables))                           # (runs, N, answer_len)
@@ -155,11 +160,12 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
                  "digit_accuracy": float(right[i].mean()), "steps_to_99_train": reached[0] if reached else None,
                  "final_train_exact": curve[-1]["train_exact"]}
       results["runs"].append(methods_lib.run_record(method, s, i, state, history, infos, metrics).to_json())
-    results_lib.record_method(results, method, history, t_method(), workdir, runs=[list(r) for r in runs])
+    results_lib.record_method(results, method, history, t_method(), workdir, run_labels=runs)
     done = [r for r in results["runs"] if r["method"] == method]
     log(f"[{task.name}] {method}: test exact match by training size " + ", ".join(
         f"{n}: {results_lib.mean_std([r['exact_match'] for r in done if r['train_size'] == n])}" for n in sizes)
         + f" ({t_method():.0f}s)")
+    progress.done()
   write_report(results, workdir)
   return results
 

@@ -129,7 +129,10 @@ def _predict(model, stacked, ids, chunk=8192):
 
 
 def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequence[str],
-             seeds: Sequence[int], workdir: pathlib.Path, log=print) -> dict:
+             seeds: Sequence[int], workdir: pathlib.Path, log=print, progress=None) -> dict:
+  """Train every method on the task's seen domain for every seed not yet in `workdir`, and
+  measure extrapolation, fit, mechanism and persistence. `progress` (`results.RunProgress`)
+  counts finished method runs."""
   validate(cfg)
   workdir = pathlib.Path(workdir)
   mdi = boolean.minimum_degree_interpolator(task)
@@ -143,7 +146,7 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   fit_mse = cfg.eval.fit_threshold * float(np.var(seen_f.astype(np.float64)))
   mech = mechanism.describe(task, mdi)
   x_rel = boolean.cube(len(task.relevant()))
-  digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n], "seeds": list(seeds)})
+  digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n]})
   results = results_lib.open_results(workdir, cfg, digest, "boolean", {
       "task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
       "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(), "mdi_unseen_mse_true": mdi_unseen,
@@ -169,8 +172,11 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   group_of = mechanism.group_ids(task, test_x, by, keys)
 
   for method in methods:
-    if results_lib.finished(results, method):
-      log(f"[{task.name}] {method}: already in {results_path}, skipped")
+    todo = results_lib.seeds_to_run(results, method, seeds)
+    if not todo:
+      log(f"[{task.name}] {method}: seeds {list(seeds)} already in {results_path}, skipped")
+      if progress is not None:
+        progress.skip()
       continue
     t_method = results_lib.Timer()
     model = build_model(task, cfg, method)
@@ -193,13 +199,14 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
               "seen_mse": err_t[~ev_unseen].mean()}
 
     state, history, infos, _ = methods_lib.train_method(
-        method=method, model=model, tx=methods_lib.make_tx(cfg, learning_rate(cfg, task.name)), cfg=cfg, seeds=seeds,
+        method=method, model=model, tx=methods_lib.make_tx(cfg, learning_rate(cfg, task.name)), cfg=cfg, seeds=todo,
         sample_input=jnp.zeros((1, task.n), jnp.int32), probe_input=probe_ids, target_attn=target_attn,
         loss_fn=loss_fn, batch_fn=batch_fn, metrics_fn=metrics_fn, label=f"{task.name}/{method}",
-        checkpoint_dir=workdir / "checkpoints" / method)
+        checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
+        tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
 
     pred = _predict(model, state.variables, to_ids(test_x))
-    for i, seed in enumerate(seeds):
+    for i, seed in enumerate(todo):
       p = pred[i]
       seen_mse = float(np.mean((p - test_f)[test_seen] ** 2))
       metrics = {"seen_mse": seen_mse, "fitted": seen_mse <= fit_mse,
@@ -208,13 +215,21 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
                  "unseen_mse_mdi": float(np.mean((p - test_mdi)[~test_seen] ** 2)),
                  "degree_profile": boolean.degree_profile(boolean.walsh_coefficients(p)).tolist() if full else None}
       results["runs"].append(methods_lib.run_record(method, seed, i, state, history, infos, metrics).to_json())
-    results_lib.record_method(results, method, history, t_method(), workdir)
-    log(f"[{task.name}] {method}: unseen MSE vs truth "
-        f"{results_lib.mean_std([r['unseen_mse_true'] for r in results['runs'] if r['method'] == method])} "
-        f"(MDI {mdi_unseen:.3g}), {t_method():.0f}s")
+    results_lib.record_method(results, method, history, t_method(), workdir, run_labels=todo)
+    done = [r for r in results["runs"] if r["method"] == method and r["seed"] in todo]
+    log(f"[{task.name}] {method}: seeds {todo}: unseen MSE / MDI's "
+        + ", ".join(f"{mdi_share(r['unseen_mse_true'], mdi_unseen):.2f}" if r["fitted"] else "did not fit" for r in done)
+        + f" ({t_method():.0f}s)")
+    if progress is not None:
+      progress.done()
 
   write_task_report(results, workdir)
   return results
+
+
+def mdi_share(unseen_mse: float, mdi_unseen_mse: float) -> float:
+  """Unseen MSE as a share of the MDI's (0 = the truth, 1 = the MDI); NaN where the MDI is exact."""
+  return unseen_mse / mdi_unseen_mse if mdi_unseen_mse > 0 else float("nan")
 
 
 BAR = 0.10   # the paper's bar: unseen MSE at most 10% of the MDI's is "near-perfect" extrapolation
@@ -230,8 +245,8 @@ def summarize(results: dict) -> list[dict]:
     fitted = [r for r in runs if r["fitted"]]
     rows.append({"method": m, "seeds": [r["seed"] for r in runs], "fitted": [r["fitted"] for r in runs],
                  "seen_mse": [r["seen_mse"] for r in runs],
-                 "ratio": [r["unseen_mse_true"] / ref for r in runs],
-                 "ratio_fitted": [r["unseen_mse_true"] / ref for r in fitted],
+                 "ratio": [mdi_share(r["unseen_mse_true"], ref) for r in runs],
+                 "ratio_fitted": [mdi_share(r["unseen_mse_true"], ref) for r in fitted],
                  "unseen_mse_true": [r["unseen_mse_true"] for r in fitted],
                  "unseen_mse_mdi": [r["unseen_mse_mdi"] for r in fitted],
                  "tv0": [float(np.mean(r["persistence"][0]["attn_tv"])) for r in runs],
@@ -267,7 +282,8 @@ def task_table(results: dict) -> str:
           f"a run fits when its seen MSE ≤ {results['fit_threshold_seen_mse']:.3g}; only fitted runs are scored.\n\n")
   out = head + results_lib.markdown_table(header, rows)
   out += ("\nReference interpolants from the structure alone (unseen MSE / MDI's): span of the support monomials "
-          f"{mech['support_lsq_unseen_mse'] / ref:.3f}, per-support count lookup {mech['count_lookup_unseen_mse'] / ref:.3f}.\n")
+          f"{mdi_share(mech['support_lsq_unseen_mse'], ref):.3f}, per-support count lookup "
+          f"{mdi_share(mech['count_lookup_unseen_mse'], ref):.3f}.\n")
   return out + "\n" + mechanism_table(results) + "\n" + degree_table(results)
 
 
@@ -349,9 +365,11 @@ def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
 
 def run_headline(cfg, methods, seeds, workdir: pathlib.Path, tasks: Sequence[str] = tuple(boolean.TASKS), log=print):
   all_tasks = headline_tasks(cfg)
+  progress = results_lib.RunProgress(len(tasks) * len(methods), label="boolean")
   all_results = []
   for name in tasks:
-    all_results.append(run_task(all_tasks[name], cfg, methods, seeds, pathlib.Path(workdir) / name, log=log))
+    all_results.append(run_task(all_tasks[name], cfg, methods, seeds, pathlib.Path(workdir) / name, log=log,
+                                progress=progress))
   write_headline_report(all_results, pathlib.Path(workdir))
   return all_results
 
@@ -374,7 +392,8 @@ def headline_table(all_results: Sequence[dict]) -> str:
     else:
       row.append("-")
     mech = res["mechanism"]
-    row += [f"{mech['support_lsq_unseen_mse'] / ref:.3f}", f"{mech['count_lookup_unseen_mse'] / ref:.3f}"]
+    row += [f"{mdi_share(mech['support_lsq_unseen_mse'], ref):.3f}",
+            f"{mdi_share(mech['count_lookup_unseen_mse'], ref):.3f}"]
     rows.append(row)
   header2 = ["task"] + [f"{m}: attn TV start → end" for m in methods] + ["mask: ‖B−B0‖/‖B0‖ end"]
   rows2 = []
@@ -392,7 +411,7 @@ def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) ->
   fig, ax = results_lib.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
   for i, m in enumerate(methods):
-    ratios = [[r["unseen_mse_true"] / res["mdi_unseen_mse_true"] for r in res["runs"]
+    ratios = [[mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) for r in res["runs"]
                if r["method"] == m and r["fitted"]] for res in all_results]
     ax.bar(np.arange(len(all_results)) + i * width, [np.mean(v) if v else np.nan for v in ratios], width,
            yerr=[np.std(v) if v else 0 for v in ratios], label=m, capsize=2)

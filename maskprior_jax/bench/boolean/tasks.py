@@ -272,6 +272,9 @@ def resized(task: Task, n: int) -> Task:
   return Task(task.name, n, task.target, task.seen)
 
 
+MIN_SEEN_POINTS = 8
+
+
 def custom_task(target: str, seen: str, n: int | None = None, name: str = "custom") -> Task:
   expr = parse_target(target)
   _, cvars = parse_condition(seen)
@@ -286,6 +289,10 @@ def custom_task(target: str, seen: str, n: int | None = None, name: str = "custo
     raise TaskSpecError(f"seen condition {seen!r} holds nowhere on the cube")
   if seen_mask.all():
     raise TaskSpecError(f"seen condition {seen!r} holds everywhere: there is no unseen domain")
+  num_seen = int(seen_mask.sum()) << (n - len(task.relevant()))
+  if num_seen < MIN_SEEN_POINTS:
+    raise TaskSpecError(f"seen condition {seen!r} holds on only {num_seen} points of the n = {n} cube; "
+                        f"training needs at least {MIN_SEEN_POINTS} (raise --n or widen the condition)")
   return task
 
 

@@ -2,8 +2,8 @@
 the embedded pydoc corpus.
 
   maskprior language --workdir runs/language                      # pydoc LM, 4 methods x 3 seeds
-  maskprior language --dataset tiny_shakespeare --data_dir ~/tensorflow_datasets --workdir runs/shakespeare
-  maskprior language --dataset imdb_reviews --data_dir ~/tensorflow_datasets --workdir runs/imdb   # classification
+  maskprior language --dataset tiny_shakespeare --data-dir ~/tensorflow_datasets --workdir runs/shakespeare
+  maskprior language --dataset imdb_reviews --data-dir ~/tensorflow_datasets --workdir runs/imdb   # classification
 """
 import ml_collections
 

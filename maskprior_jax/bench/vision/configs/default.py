@@ -1,7 +1,7 @@
 """Vision benchmark (ViT classifier), small CPU default on the embedded 8x8 digits.
 
   maskprior vision --workdir runs/vision                          # digits, 4 methods x 3 seeds
-  maskprior vision --dataset mnist --data_dir ~/tensorflow_datasets --config.data.patch=4 --workdir runs/mnist
+  maskprior vision --dataset mnist --data-dir ~/tensorflow_datasets --config.data.patch=4 --workdir runs/mnist
   maskprior vision --config experiments/vision_cifar10.py --dataset cifar10 --workdir runs/cifar10   # GPU/TPU
 """
 import ml_collections
