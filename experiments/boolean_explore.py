@@ -22,7 +22,7 @@ from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -> dict:
   """{task: per-seed unseen/MDI's ratios (None where the run did not fit)} for one variant."""
-  cfg = apply_overrides(builtin_config("boolean"), protocol.VARIANTS[name] + [
+  cfg = apply_overrides(builtin_config("boolean"), protocol.EXPLORATION_BASE + protocol.VARIANTS[name] + [
       f"--config.train.steps={steps}", "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
   out = {}
   for tname, task in protocol.EXPLORATION_TASKS.items():

@@ -165,9 +165,10 @@ class MaskPriorAttention(nn.Module):
     max_len: table size for "relative_1d".
     grid: (height, width) patch grid for "relative_2d".
     num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
-    implementation: passed to `jax.nn.dot_product_attention`. With None, this JAX version
-      runs XLA's attention; "cudnn" asks for cuDNN's fused kernel on a GPU (its support for a
-      learnable bias and its gradient depends on shape and dtype).
+    implementation: None or "xla" (XLA's attention; what None means in this JAX version),
+      "cudnn" (cuDNN's fused kernel; GPU only, and its support for a learnable bias and its
+      gradient depends on shape and dtype), or "auto": cuDNN where `attention_implementation`
+      says it is safe for this call, XLA otherwise.
     dtype / param_dtype / precision / kernel_init / out_kernel_init / bias_init /
       out_bias_init / use_bias: as in Flax.
 
@@ -279,6 +280,25 @@ class MaskPriorAttention(nn.Module):
                            name="out")(out)
 
 
+def attention_implementation(requested: str | None, dtype, bias_batch: int | None,
+                             backend: str | None = None) -> str:
+  """The attention path a call will use: "xla" or "cudnn".
+
+  "auto" picks cuDNN only on a GPU, for bfloat16/float16 inputs, and where the bias (if any) has a
+  batch dimension of 1 (cuDNN computes the bias gradient only then; a float32 bias has been
+  reported to give NaNs); everything else runs XLA. None means "xla" (this JAX version's choice).
+  """
+  if requested in (None, "xla"):
+    return "xla"
+  if requested == "cudnn":
+    return "cudnn"
+  if requested != "auto":
+    raise ValueError(f"implementation must be None, 'xla', 'cudnn' or 'auto', not {requested!r}")
+  backend = backend or jax.default_backend()
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if backend == "gpu" and half and bias_batch in (None, 1) else "xla"
+
+
 def _fused_attention(query, key, value, bias, mask, implementation):
   """`jax.nn.dot_product_attention` over (batch, len, heads, d) with leading dims flattened."""
   lead = query.shape[:-3]
@@ -302,7 +322,8 @@ def _fused_attention(query, key, value, bias, mask, implementation):
   mask4 = batch4(mask)
   if mask4 is not None:
     mask4 = mask4.astype(bool)
-  out = jax.nn.dot_product_attention(q, k, v, bias=bias4, mask=mask4, implementation=implementation)
+  impl = attention_implementation(implementation, q.dtype, None if bias4 is None else bias4.shape[0])
+  out = jax.nn.dot_product_attention(q, k, v, bias=bias4, mask=mask4, implementation=impl)
   return out.reshape(lead + out.shape[1:])
 
 

@@ -36,6 +36,7 @@ class Block(nn.Module):
   mask: MaskSettings | None = None
   num_prefix: int = 0
   dtype: Any = None
+  attention_implementation: str | None = None
 
   @nn.compact
   def __call__(self, x, *, qk_pos=None, mask=None, bias=None):
@@ -43,7 +44,8 @@ class Block(nn.Module):
     hqk = h if qk_pos is None else h + qk_pos
     mask_kwargs = self.mask.attention_kwargs(self.num_prefix) if self.mask is not None else {}
     attn = MaskPriorAttention(num_heads=self.num_heads, qkv_features=self.num_heads * self.head_dim,
-                              dtype=self.dtype, name="attn", **mask_kwargs)
+                              dtype=self.dtype, implementation=self.attention_implementation, name="attn",
+                              **mask_kwargs)
     x = x + attn(hqk, hqk, h, mask=mask, bias=bias)
     h = nn.LayerNorm(dtype=self.dtype, name="ln_mlp")(x)
     h = nn.Dense(self.mlp_dim, dtype=self.dtype, name="mlp_in")(h)
@@ -67,6 +69,7 @@ class Transformer(nn.Module):
     mask: the mask prior, as `MaskSettings` (the same for every layer, or one bias shared by
       all layers with `share_layers`), or a sequence with one `MaskSettings` or None per
       layer; None: vanilla.
+    attention_implementation: None/"xla", "cudnn" or "auto" (see `attention.attention_implementation`).
   Token positions inside the model count the CLS token (if any) as position 0.
   """
   vocab_size: int | None
@@ -84,6 +87,7 @@ class Transformer(nn.Module):
   head: str = "regression"
   mask: MaskSettings | Sequence[MaskSettings | None] | None = None
   dtype: Any = None
+  attention_implementation: str | None = None
 
   def _layer_masks(self) -> list[MaskSettings | None]:
     if self.mask is None or isinstance(self.mask, MaskSettings):
@@ -154,7 +158,8 @@ class Transformer(nn.Module):
 
     for i, layer_mask in enumerate(masks):
       x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim, mask=layer_mask,
-                num_prefix=prefix, dtype=self.dtype, name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask,
+                num_prefix=prefix, dtype=self.dtype, attention_implementation=self.attention_implementation,
+                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask,
                                                                         bias=shared_bias)
     x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
 

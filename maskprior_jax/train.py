@@ -34,17 +34,20 @@ class NonFiniteLoss(RuntimeError):
 @flax.struct.dataclass
 class TrainState:
   """step: int32 scalar; variables: trainable collections; opt_state; rng: raw uint32 key data
-  (plain arrays checkpoint everywhere)."""
+  (plain arrays checkpoint everywhere); nonfinite_at: -1, or the step whose loss was not finite
+  (from then on the step leaves the state as it was, so the last good state is kept on device
+  and the host learns of it at its next sync, not by waiting on every step)."""
   step: jax.Array
   variables: dict
   opt_state: Any
   rng: jax.Array
+  nonfinite_at: jax.Array
 
 
 def create_state(variables: dict, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
   variables = {k: v for k, v in variables.items() if k != "intermediates"}
   return TrainState(step=jnp.zeros((), jnp.int32), variables=variables,
-                    opt_state=tx.init(variables), rng=_key_data(rng))
+                    opt_state=tx.init(variables), rng=_key_data(rng), nonfinite_at=jnp.full((), -1, jnp.int32))
 
 
 def _key_data(rng):
@@ -77,7 +80,13 @@ def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None
     updates, opt_state = tx.update(grads, state.opt_state, state.variables)
     variables = {**optax.apply_updates(state.variables, updates), **updated}
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, variables, opt_state, jax.random.key_data(rng)), metrics
+    finite = jnp.all(jnp.isfinite(loss))
+    halted = state.nonfinite_at >= 0
+    new = TrainState(state.step + 1, variables, opt_state, jax.random.key_data(rng), state.nonfinite_at)
+    keep = ~finite | halted                 # a non-finite loss never replaces the last good state
+    new = jax.tree.map(lambda old, upd: jnp.where(keep, old, upd), state, new)
+    new = new.replace(nonfinite_at=jnp.where(~finite & ~halted, state.step, state.nonfinite_at))
+    return new, metrics
   return step
 
 
@@ -205,7 +214,9 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   `eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`), the
   state and the eval history are saved every `checkpoint_every` steps, at the end and on
   SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its latest
-  checkpoint. A non-finite loss raises `NonFiniteLoss` without replacing the last good state.
+  checkpoint. The host waits on the device only at those points (logging, evaluation, saving): a
+  non-finite loss freezes that seed's state inside the compiled step, and the next sync raises
+  `NonFiniteLoss` without saving.
   Returns the final stacked state and the eval history.
   """
   from maskprior_jax import checkpoint as ckpt
@@ -244,26 +255,36 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     if checkpointer is not None:
       checkpointer.save(step, jax.device_get(states), {"step": step, "history": history}, wait=wait)
 
+  def check_finite():
+    """At a sync point: stop if any seed met a non-finite loss (its state is the last good one)."""
+    bad = np.asarray(jax.device_get(states.nonfinite_at)).reshape(-1)
+    if np.any(bad >= 0):
+      first = int(bad[bad >= 0].min())
+      raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {first} and {first + 1}; "
+                          "last good checkpoint kept. Lower train.learning_rate")
+
   try:
     with ckpt.SigtermFlag() as sigterm:
       while done < steps:
         chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
         batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-        new_states, metrics = step_fn(states, place(batch))
-        # One host sync per call (steps_per_call steps): a non-finite loss never replaces good state.
-        loss = np.asarray(jax.device_get(metrics["loss"]))
-        if not np.all(np.isfinite(loss)):
-          raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {done} and "
-                              f"{done + steps_per_call}; last good checkpoint kept. Lower train.learning_rate")
-        states, done = new_states, done + steps_per_call
-        if done % log_every == 0 or done == steps:
+        # No host sync here: the device runs ahead while the next batch is built.
+        states, metrics = step_fn(states, place(batch))
+        done += steps_per_call
+        log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
+        term = sigterm.raised   # read once: a signal arriving later is handled at the next step
+        save_now = (checkpoint_every and done % checkpoint_every == 0) or done == steps or term
+        if not (log_now or eval_now or save_now):
+          continue
+        check_finite()
+        if log_now:
+          loss = np.asarray(jax.device_get(metrics["loss"]))
           progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
-        if done % eval_every == 0 or done == steps:
+        if eval_now:
           history.append({"step": done, **_host(eval_fn(done, states.variables))})
-        if (checkpoint_every and done % checkpoint_every == 0) or done == steps:
-          save(done, wait=done == steps)
-        if sigterm.raised:
-          save(done, wait=True)
+        if save_now:
+          save(done, wait=done == steps or term)
+        if term:
           raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
   finally:
     if checkpointer is not None:

@@ -252,3 +252,22 @@ def test_the_library_imports_no_benchmark_dependency():
           "print(sorted(heavy & set(sys.modules)) + sorted(m for m in sys.modules if m.startswith('maskprior_jax.bench')))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"
+
+
+def test_attention_implementation_auto_falls_back_to_xla_where_cudnn_is_unsafe():
+  from maskprior_jax.attention import attention_implementation as pick
+  assert pick(None, jnp.float32, 1) == "xla" and pick("xla", jnp.bfloat16, 1, backend="gpu") == "xla"
+  assert pick("auto", jnp.bfloat16, 1, backend="gpu") == "cudnn"
+  assert pick("auto", jnp.float32, 1, backend="gpu") == "xla"          # float32 bias: reported NaNs
+  assert pick("auto", jnp.bfloat16, 8, backend="gpu") == "xla"         # bias gradient needs batch 1
+  assert pick("auto", jnp.bfloat16, 1, backend="cpu") == "xla"
+  with pytest.raises(ValueError, match="implementation must be"):
+    pick("flash", jnp.float32, 1)
+  # On this CPU "auto" runs, and equals XLA, with the bias gradient.
+  x = _x()
+  out = {}
+  for impl in ("xla", "auto"):
+    m = mp.MaskPriorAttention(num_heads=4, mask_init=priors.interaction_groups([[0, 1], [2, 3, 4]]), implementation=impl)
+    v = m.init(jax.random.key(0), x)
+    out[impl] = jax.grad(lambda v: jnp.sum(m.apply(v, x) ** 2))(v)[mp.MASK_PRIOR]["bias"]
+  np.testing.assert_array_equal(out["xla"], out["auto"])

@@ -120,7 +120,7 @@ def test_prior_variants_noself_and_layered():
   assert m[1, 1] == -4 and m[1, 2] == 0 and m[2, 3] == 0 and m[4, 4] == 0 and m[0, 0] == 0 and m[0, 1] == 0
   from maskprior_jax.bench.boolean import run as R
   from maskprior_jax.bench.config import apply_overrides, builtin_config
-  cfg = apply_overrides(builtin_config("boolean"), ["--config.prior.layers=layered"])
+  cfg = apply_overrides(builtin_config("boolean"), ["--config.prior.layers=layered", "--config.prior.token_rows=group"])
   task = B.TASKS["f2_2parity"]
   first, second = R.prior_pattern(task, cfg, 0), R.prior_pattern(task, cfg, 1)
   assert (first[:, 0, 1:] == -4).all() and (first[:, 1, 1:3] == 0).all()      # layer 0: CLS does not read yet
@@ -148,3 +148,17 @@ def test_unfit_runs_are_reported_as_such_and_not_scored():
   assert "0.05 |" in table                                  # the mask's score is its fitted seed only
   head = R.headline_table([res])
   assert "did not fit (0/2)" in head and "0.05 (1/2)" in head and "| yes |" in head
+
+
+def test_selection_rule_needs_more_than_the_seed_spread_and_a_fitting_variant():
+  from maskprior_jax.bench.boolean import protocol as P
+  base = {"t1": [0.5, 0.6, 0.4], "t2": [0.3, 0.3, 0.3]}
+  close = {"t1": [0.45, 0.55, 0.4], "t2": [0.3, 0.3, 0.3]}      # better by less than the spread
+  better = {"t1": [0.1, 0.1, 0.1], "t2": [0.1, 0.1, 0.1]}
+  unfit = {"t1": [0.0, None, None], "t2": [0.0, None, None]}    # fits in 1/3 of runs
+  assert P.select_default({"default": base, "close": close})[0] == "default"
+  assert P.select_default({"default": base, "close": close, "better": better})[0] == "better"
+  assert P.select_default({"default": base, "unfit": unfit})[0] == "default"
+  assert P.score(unfit)[1] == pytest.approx(1 / 3)
+  assert set(P.EXPLORATION_SEEDS).isdisjoint(P.CONFIRMATION_SEEDS)
+  assert not set(P.EXPLORATION_TASKS) & set(B.TASKS) and P.SELECTED in P.VARIANTS

@@ -31,6 +31,7 @@ METHODS = methods_lib.METHODS
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Every value the benchmark reads, checked before any work starts (ConfigError names it)."""
   check(cfg, choices={"model.pos_embedding": ("learned", "sinusoidal", "none"), "model.pos_where": ("input", "qk"),
+                      "prior.pos_embedding": ("model", "learned", "sinusoidal", "none"),
                       "prior.mode": ("learned", "frozen"), "prior.layers": ("all", "first", "layered"),
                       "prior.token_rows": ("group", "self", "noself"), "prior.spare_heads": ("cycle", "union"),
                       "train.optimizer": ("adam", "adamw", "sgd")},
@@ -101,8 +102,11 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
     elif cfg.prior.layers == "layered":
       mask = [MaskSettings(priors.from_matrix(prior_pattern(task, cfg, layer))) for layer in range(cfg.model.depth)]
   m = cfg.model
+  # The mask method may drop positions (prior.pos_embedding): its prior tells variables apart by
+  # itself. The other methods keep model.pos_embedding; without positions they could not.
+  pos = cfg.prior.pos_embedding if method == "mask" and cfg.prior.pos_embedding != "model" else m.pos_embedding
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
-                     mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=m.pos_embedding,
+                     mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=pos,
                      pos_where=m.pos_where, pooling="cls", head="regression", mask=mask)
 
 
