@@ -301,10 +301,11 @@ def mechanism_table(results: dict) -> str:
   (mean over its fitted seeds)."""
   mech = results["mechanism"]
   methods = [s["method"] for s in summarize(results)]
-  header = [f"unseen group ({mech['by']})", "points", "truth", "MDI", "support LSQ", "count lookup"] + methods
+  header = [f"unseen group ({mech['by']})", "share of unseen", "truth", "MDI", "support LSQ", "count lookup"] + methods
   rows = []
+  total = sum(mech["size"])
   for g, label in enumerate(mech["groups"]):
-    row = [label, mech["size"][g]] + [f"{mech[k][g]:.2f}" for k in ("truth", "mdi", "support_lsq", "count_lookup")]
+    row = [label, f"{mech['size'][g] / total:.1%}"] + [f"{mech[k][g]:.2f}" for k in ("truth", "mdi", "support_lsq", "count_lookup")]
     for m in methods:
       vals = [r["unseen_group_means"][g] for r in results["runs"] if r["method"] == m and r["fitted"]]
       row.append(results_lib.mean_std(vals) if vals else "did not fit")
@@ -316,6 +317,7 @@ def degree_table(results: dict) -> str:
   """Degree profile (sum of f̂(S)² by |S|) of the truth, the MDI and each method (mean over all seeds)."""
   truth, mdi = np.asarray(results["truth_degree_profile"]), np.asarray(results["mdi_degree_profile"])
   top = max(int(np.flatnonzero(truth > 1e-9).max()), int(np.flatnonzero(mdi > 1e-9).max())) + 1
+  truth, mdi = (np.pad(v, (0, max(0, top + 1 - len(v)))) for v in (truth, mdi))
   rows = [["truth"] + [f"{v:.3f}" for v in truth[:top + 1]], ["MDI"] + [f"{v:.3f}" for v in mdi[:top + 1]]]
   for m in results_lib.methods_in(results):
     prof = [r["degree_profile"] for r in results["runs"] if r["method"] == m and r.get("degree_profile")]
