@@ -70,6 +70,8 @@ class Transformer(nn.Module):
       all layers with `share_layers`), or a sequence with one `MaskSettings` or None per
       layer; None: vanilla.
     attention_implementation: None/"xla", "cudnn" or "auto" (see `attention.attention_implementation`).
+    position_ids: one position id per token (CLS included), to share positions between tokens
+      (e.g. position coupling for addition); default 0, 1, 2, ...
   Token positions inside the model count the CLS token (if any) as position 0.
   """
   vocab_size: int | None
@@ -88,6 +90,7 @@ class Transformer(nn.Module):
   mask: MaskSettings | Sequence[MaskSettings | None] | None = None
   dtype: Any = None
   attention_implementation: str | None = None
+  position_ids: tuple[int, ...] | None = None
 
   def _layer_masks(self) -> list[MaskSettings | None]:
     if self.mask is None or isinstance(self.mask, MaskSettings):
@@ -125,11 +128,16 @@ class Transformer(nn.Module):
         padding_mask = jnp.concatenate([jnp.ones((batch, 1), bool), padding_mask], axis=1)
     seq = length + prefix
 
+    ids = np.arange(seq)
+    if self.position_ids is not None:
+      ids = np.asarray(self.position_ids)
+      if ids.shape != (seq,) or ids.min() < 0 or ids.max() >= self.max_len + prefix:
+        raise ValueError(f"position_ids must be {seq} ids in 0..{self.max_len + prefix - 1}, got {ids.tolist()}")
     pos = None
     if self.pos_embedding == "learned":
-      pos = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len + prefix, self.dim))[:seq]
+      pos = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len + prefix, self.dim))[ids]
     elif self.pos_embedding == "sinusoidal":
-      pos = jnp.asarray(sinusoidal_positions(self.max_len + prefix, self.dim))[:seq]
+      pos = jnp.asarray(sinusoidal_positions(self.max_len + prefix, self.dim))[ids]
     qk_pos = None
     if pos is not None:
       if self.pos_where == "input":

@@ -103,3 +103,59 @@ def test_bad_train_sizes_are_one_line_errors(tmp_path, capsys):
   assert len(err) == 2 and all(e.startswith("maskprior: error:") for e in err)
   assert "distinct pairs" in err[1]
   assert not (tmp_path / "w").exists()
+
+
+def test_position_coupling_ids_equal_hand_written_ones():
+  # 2 digits, answer reversed: inputs a1 a0 + b1 b0 = s0 s1 (the last answer token is only a target).
+  # Operand digits of place p get id p+1, '+' 0; the row that predicts the answer digit of place p
+  # ('=' predicts s0, s0 predicts s1, s1 predicts s2) gets p+1 as well.
+  assert A.ArithmeticTask("add", 2).coupling_ids() == (2, 1, 0, 2, 1, 1, 2, 3)
+  # answer in the usual order: '=' predicts s2 (place 2), then s1, s0
+  assert A.ArithmeticTask("add", 2, reverse=False).coupling_ids() == (2, 1, 0, 2, 1, 3, 2, 1)
+  with pytest.raises(A.DataError, match="addition"):
+    A.ArithmeticTask("modadd").coupling_ids()
+
+
+def test_carry_prior_for_three_digits_equals_a_hand_written_matrix():
+  # inputs: a2 a1 a0 + b2 b1 b0 = s0 s1 s2 (positions 0..10); rows 7..10 predict s0..s3.
+  o = -4.0
+  expected = np.zeros((11, 11), np.float32)
+  expected[7] = [o, o, 0, o, o, o, 0, 0, o, o, o]          # place 0: a0, b0, itself
+  expected[8] = [o, 0, 0, o, o, 0, 0, o, 0, o, o]          # place 1: a1 b1, a0 b0 (carry), itself
+  expected[9] = [0, 0, -1, o, 0, 0, -1, o, o, 0, o]        # place 2: a2 b2, a1 b1, a0 b0 at -1
+  expected[10] = [0, -1, -2, o, 0, -1, -2, o, o, o, 0]     # place 3 (the final carry): a2 b2, a1 b1 -1, a0 b0 -2
+  np.testing.assert_array_equal(A.ArithmeticTask("add", 3).prior_pattern(kind="carry", decay=1.0), expected)
+  window = A.ArithmeticTask("add", 3).prior_pattern()
+  np.testing.assert_array_equal(window[9], [0, 0, o, o, 0, 0, o, o, o, 0, o])   # stops at place i-1
+
+
+def test_priors_never_depend_on_the_operands(tmp_path):
+  """The mask a model starts from is the same whatever data it will see (other data seeds, other
+  training sets): it is built from positions alone."""
+  from maskprior_jax.bench.arithmetic import run as R
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  task = A.ArithmeticTask("add", 3)
+  biases = []
+  for data_seed, kind in ((0, "carry"), (7, "carry")):
+    cfg = apply_overrides(builtin_config("arithmetic"), [f"--config.task.data_seed={data_seed}",
+                                                         f"--config.prior.kind={kind}"])
+    model = R.build_model(task, cfg, "mask_coupling")
+    import jax
+    import jax.numpy as jnp
+    v = model.init(jax.random.key(data_seed), jnp.zeros((1, task.input_len), jnp.int32))
+    biases.append(np.asarray(jax.tree.leaves(v["mask_prior"])[0]))
+  np.testing.assert_array_equal(biases[0], biases[1])
+  np.testing.assert_array_equal(biases[0][0], task.prior_pattern(kind="carry"))
+
+
+def test_coupling_methods_run_and_modadd_refuses_them(tmp_path, capsys):
+  work = tmp_path / "add"
+  assert cli.main(["arithmetic", "--digits", "2", "--train-sizes", "100", "--methods", "coupling,mask_coupling",
+                   "--seeds", "1", "--workdir", str(work), "--config.train.steps=50", "--config.eval.every_steps=50",
+                   "--config.task.test_size=200", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50",
+                   "--config.prior.kind=carry"]) == 0
+  res = json.loads((work / "results.json").read_text())
+  assert sorted(r["method"] for r in res["runs"]) == ["coupling", "mask_coupling"]
+  assert "| train size | coupling | mask_coupling |" in (work / "table.md").read_text()
+  assert cli.main(["arithmetic", "--task", "modadd", "--methods", "coupling", "--workdir", str(tmp_path / "m")]) == 2
+  assert "position coupling" in capsys.readouterr().err and not (tmp_path / "m").exists()

@@ -144,6 +144,8 @@ def cmd_arithmetic(args) -> int:
       cfg.task.train_sizes = _sizes(args.train_sizes)
   arithmetic_run.validate(cfg)
   methods = _parse_list(args.methods, arithmetic_run.METHODS, "method")
+  if cfg.task.name != "add" and {"coupling", "mask_coupling"} & set(methods):
+    raise UsageError("position coupling (methods coupling, mask_coupling) is defined for --task add only")
   seeds = parse_seeds(args.seeds)
   workdir = pathlib.Path(args.workdir)
   _check_workdir(workdir, {"command": "arithmetic", "config": cfg.to_dict()}, args.fresh)

@@ -209,7 +209,8 @@ def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:
   return [{"step": h["step"], **{k: h[k][i] for k in keys if k in h}} for h in history]
 
 
-def methods_in(results: dict, order: Sequence[str] = ("vanilla", "mimetic", "qk", "mask")) -> list[str]:
+def methods_in(results: dict, order: Sequence[str] = ("vanilla", "mimetic", "qk", "mask", "coupling",
+                                                    "mask_coupling")) -> list[str]:
   """The methods present in a results dict, in `order` (others after, sorted)."""
   present = {r["method"] for r in results["runs"]}
   return [m for m in order if m in present] + sorted(present - set(order))

@@ -26,7 +26,8 @@ from maskprior_jax.bench.config import ConfigError, check, config_digest
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
-METHODS = methods_lib.METHODS
+# The shared four, and position coupling (Cho et al., 2024) alone and with the mask prior.
+METHODS = methods_lib.METHODS + ("coupling", "mask_coupling")
 
 
 def task_from_config(cfg) -> arithmetic.ArithmeticTask:
@@ -39,6 +40,7 @@ def task_from_config(cfg) -> arithmetic.ArithmeticTask:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
   check(cfg, choices={"task.name": arithmetic.TASKS, "prior.mode": ("learned", "frozen"),
+                      "prior.kind": ("window", "carry"),
                       "train.optimizer": ("adam", "adamw", "sgd"),
                       "model.pos_embedding": ("learned", "sinusoidal", "none")},
         positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim",
@@ -56,12 +58,19 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transformer:
   m = cfg.model
   mask = None
-  if method == "mask":
-    mask = MaskSettings(priors.from_matrix(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside)))
+  if method in ("mask", "mask_coupling"):
+    mask = MaskSettings(priors.from_matrix(prior_pattern(task, cfg)))
+  coupled = task.coupling_ids() if method in ("coupling", "mask_coupling") else None
   return Transformer(vocab_size=task.vocab_size, dim=m.dim, depth=m.depth, num_heads=m.num_heads,
                      head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=task.input_len, causal=True,
                      pos_embedding=m.pos_embedding, pooling="none", head="lm",
-                     num_outputs=task.vocab_size, mask=mask)
+                     num_outputs=task.vocab_size, mask=mask, position_ids=coupled)
+
+
+def prior_pattern(task: arithmetic.ArithmeticTask, cfg) -> np.ndarray:
+  """The config's prior (prior.kind "window" or "carry"); structure only, never operand values."""
+  p = cfg.prior
+  return task.prior_pattern(inside=p.inside, outside=p.outside, kind=p.kind, decay=p.carry_decay)
 
 
 def greedy_answers(model, variables, inputs: np.ndarray, task) -> jax.Array:
@@ -91,15 +100,14 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   train_xy = {s: task.encode(splits.train_a[s], splits.train_b[s]) for s in seeds}
   n_eval = min(cfg.eval.train_eval_size, min(sizes))
   probe = test_x[:cfg.eval.probe_size]
-  target_attn = target_attention(task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside),
-                                 causal=True)
+  target_attn = target_attention(prior_pattern(task, cfg), causal=True)
 
   results_path = workdir / "results.json"
   results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict()}),
                                      "arithmetic", {
       "task": task.name, "digits": task.digits, "modulus": task.modulus,
       "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
-      "prior_pattern": task.prior_pattern(inside=cfg.prior.inside, outside=cfg.prior.outside).tolist()})
+      "prior_pattern": prior_pattern(task, cfg).tolist()})
   bs = cfg.train.batch_size
 
   progress = results_lib.RunProgress(len(methods), label=task.name)

@@ -97,30 +97,48 @@ class ArithmeticTask:
                             digits(b, d)[:, ::-1], np.full((len(a), 1), self.equals), ans], 1)
     return seq[:, :-1].astype(np.int32), seq[:, 1:].astype(np.int32)
 
-  def prior_pattern(self, *, inside: float = 0.0, outside: float = -4.0) -> np.ndarray:
-    """(input_len, input_len) logit bias from the task's structure.
+  def prior_pattern(self, *, inside: float = 0.0, outside: float = -4.0, kind: str = "window",
+                    decay: float = 1.0) -> np.ndarray:
+    """(input_len, input_len) logit bias from the task's structure (never from operand values).
 
-    Addition: the row predicting the answer digit of place i attends (logit `inside`) to
-    digit i of both operands, to digit i-1 of both operands (the position that carries into
-    place i) and to itself (the previous answer token, in reversed order); other keys on that
-    row get `outside`. Modular addition: the '=' row attends to both operands and itself.
+    Addition, kind "window": the row predicting the answer digit of place i attends (logit
+    `inside`) to digit i of both operands, to digit i-1 of both operands (the position that
+    carries into place i) and to itself (the previous answer token, in reversed order); other
+    keys on that row get `outside`. Kind "carry": the same, and every lower place p < i-1 too,
+    at `inside - decay * (i-1-p)` (floored at `outside`), since a carry can come from any lower
+    place. Modular addition: the '=' row attends to both operands and itself.
     Rows that predict no answer carry no structure and get 0 everywhere (causal masking is
     applied separately, as a hard mask).
     """
+    if kind not in ("window", "carry"):
+      raise DataError(f"prior kind must be window or carry, not {kind!r}")
     n = self.input_len
     m = np.zeros((n, n), np.float32)
     for k, row in enumerate(self.answer_rows):
-      keys = {int(row)}
-      if self.name == "modadd":
-        keys |= {0, 2}
-      else:
-        place = self.answer_place(k)
-        for p in (place, place - 1):
-          if 0 <= p < self.digits:
-            keys |= {self.operand_position(0, p), self.operand_position(1, p)}
       m[row] = outside
-      m[row, sorted(keys)] = inside
+      m[row, row] = inside
+      if self.name == "modadd":
+        m[row, [0, 2]] = inside
+        continue
+      place = self.answer_place(k)
+      lowest = 0 if kind == "carry" else place - 1
+      for p in range(max(lowest, 0), min(place, self.digits - 1) + 1):
+        logit = max(inside - decay * max(0, place - 1 - p), outside)
+        m[row, [self.operand_position(0, p), self.operand_position(1, p)]] = logit
     return m
+
+  def coupling_ids(self) -> tuple[int, ...]:
+    """Position coupling (Cho et al., 2024): one position id per input token such that the operand
+    digits of place p and the row that predicts the answer digit of place p share id p + 1; '+'
+    gets 0. Addition only."""
+    if self.name != "add":
+      raise DataError("position coupling is defined for addition (--task add)")
+    ids = np.zeros(self.input_len, np.int64)
+    for p in range(self.digits):
+      ids[self.operand_position(0, p)] = ids[self.operand_position(1, p)] = p + 1
+    for k, row in enumerate(self.answer_rows):
+      ids[row] = self.answer_place(k) + 1
+    return tuple(int(i) for i in ids)
 
 
 def _unique_in_order(keys: np.ndarray) -> np.ndarray:

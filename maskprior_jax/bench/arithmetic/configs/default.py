@@ -17,8 +17,12 @@ def get_config() -> ml_collections.ConfigDict:
   # A causal decoder (next-token prediction, loss on the answer tokens only).
   c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
   # The prior: the rows that predict answer digits attend to their operand columns (logit
-  # `inside`) and get `outside` elsewhere; one pattern for every head and layer.
-  c.prior = dict(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0)
+  # `inside`) and get `outside` elsewhere; one pattern for every head and layer. Methods
+  # "coupling" and "mask_coupling" add position coupling (addition only).
+  # kind "window": places i and i-1 only; "carry": every lower place too, at inside - carry_decay
+  # per place below i-1 (see ArithmeticTask.prior_pattern).
+  c.prior = dict(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0, kind="window",
+                 carry_decay=1.0)
   # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.1,
                  steps_per_call=50, data_parallel=False)
