@@ -28,7 +28,8 @@ def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -
   for tname, task in protocol.EXPLORATION_TASKS.items():
     res = boolean_run.run_task(task, cfg, [method], seeds, root / f"{name}_{method}" / tname, log=lambda *a: None)
     runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["seed"])
-    out[tname] = [r["unseen_mse_true"] / res["mdi_unseen_mse_true"] if r["fitted"] else None for r in runs]
+    out[tname] = [boolean_run.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"] else None
+                  for r in runs]
   return out
 
 

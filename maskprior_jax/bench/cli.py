@@ -201,7 +201,7 @@ def cmd_report(args) -> int:
     found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
   if not found:
     raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
-  all_loaded = loaded = [json.loads(p.read_text()) for p in found]
+  loaded = [json.loads(p.read_text()) for p in found]
   for path, res in zip(found, loaded):
     if res.get("benchmark") not in BENCHMARKS:
       raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
@@ -214,12 +214,12 @@ def cmd_report(args) -> int:
       dest = out / f"{res['benchmark']}_{i}"
       dest.mkdir(parents=True, exist_ok=True)
       module.write_report(res, dest)
-  loaded = [r for r in loaded if r["benchmark"] == "boolean"]
-  if not loaded:
+  boolean_found = [(p, r) for p, r in zip(found, loaded) if r["benchmark"] == "boolean"]
+  if not boolean_found:
     return 0
   by_task: dict[str, dict] = {}
   source: dict[str, pathlib.Path] = {}
-  for path, res in zip([p for p, r in zip(found, all_loaded) if r["benchmark"] == "boolean"], loaded):
+  for path, res in boolean_found:
     if res["task"] in by_task:   # pool seeds of the same task, from runs of the same config only
       merged, first = by_task[res["task"]], source[res["task"]]
       if res["config_digest"] != merged["config_digest"]:

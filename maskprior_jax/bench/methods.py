@@ -99,9 +99,9 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
   tensorboard = None if tensorboard_dir is None else TensorBoardLog(tensorboard_dir)
 
   def eval_fn(step, stacked):
-    out = eval_all(stacked, run_data)
+    out = jax.device_get(eval_all(stacked, run_data))   # fetched once, for the history and TensorBoard
     if tensorboard is not None:
-      tensorboard(step, jax.device_get(out))
+      tensorboard(step, out)
     return out
 
   checkpointer = None

@@ -120,10 +120,9 @@ def learning_rate(cfg, task_name: str) -> float:
   return _by_task(cfg, "train.learning_rate_by_task", float).get(task_name, cfg.train.learning_rate)
 
 
-def _relevant_profile(task: boolean.Task, g, x_rel: np.ndarray) -> list[float]:
+def _relevant_profile(task: boolean.Task, g) -> list[float]:
   """Degree profile of g over the relevant variables' cube (g reads only those)."""
-  full = np.ones((len(x_rel), task.n), np.int8)
-  full[:, list(task.relevant())] = x_rel
+  _, full = boolean._relevant_points(task)
   return boolean.degree_profile(boolean.walsh_coefficients(g(full))).tolist()
 
 
@@ -149,14 +148,13 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
   # A method fits the seen domain when its seen MSE is below this share of f's variance there.
   fit_mse = cfg.eval.fit_threshold * float(np.var(seen_f.astype(np.float64)))
   mech = mechanism.describe(task, mdi)
-  x_rel = boolean.cube(len(task.relevant()))
   digest = config_digest({"cfg": cfg.to_dict(), "task": [task.target, task.seen, task.n]})
   results = results_lib.open_results(workdir, cfg, digest, "boolean", {
       "task": task.name, "n": task.n, "target": task.target, "seen": task.seen,
       "groups": [list(g) for g in task.groups], "mdi": mdi.pretty(), "mdi_unseen_mse_true": mdi_unseen,
       "fit_threshold_seen_mse": fit_mse, "mechanism": mech,
-      "truth_degree_profile": _relevant_profile(task, task.f, x_rel),
-      "mdi_degree_profile": _relevant_profile(task, mdi, x_rel)})
+      "truth_degree_profile": _relevant_profile(task, task.f),
+      "mdi_degree_profile": _relevant_profile(task, mdi)})
 
   full = task.n <= cfg.eval.full_cube_max_n
   test_x = boolean.cube(task.n) if full else (1 - 2 * rng.integers(0, 2, (1 << 16, task.n))).astype(np.int8)
