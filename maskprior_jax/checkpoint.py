@@ -2,7 +2,9 @@
 optimizer state, step, RNG) plus a JSON record (eval history, data position).
 
 Data positions are implied by the step (every batch is a function of seed and step), so a
-restored run continues with the batches it would have seen. Saves are asynchronous; a
+restored run continues with the batches it would have seen. Arrays are saved as they lie on
+the devices: in a multi-process run every process writes its own shards (orbax), and a restore
+into a sharded target reads each process's shards back. Saves are asynchronous; a
 SIGTERM asks the loop to save and stop at the next step boundary. A latest checkpoint that
 cannot be read is skipped, with a warning, for the previous one.
 """
@@ -67,10 +69,13 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
         return out.state, out.record
       except Exception as e:  # a truncated or half-written checkpoint
+        from maskprior_jax import distributed
         aside = self.directory / f"unreadable_{step}"
-        print(f"warning: checkpoint at step {step} in {self.directory} is unreadable "
-              f"({type(e).__name__}); moved to {aside.name}, trying the previous one", file=sys.stderr)
-        (self.directory / str(step)).rename(aside)
+        if distributed.is_main_process():   # one process moves it, the others wait for that
+          print(f"warning: checkpoint at step {step} in {self.directory} is unreadable "
+                f"({type(e).__name__}); moved to {aside.name}, trying the previous one", file=sys.stderr)
+          (self.directory / str(step)).rename(aside)
+        distributed.barrier(f"maskprior_unreadable_{step}")
         self.manager.reload()
     return None
 

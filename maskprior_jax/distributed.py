@@ -4,7 +4,8 @@ On TPU VMs `jax.distributed.initialize()` finds its peers by itself; elsewhere g
 coordinator address, the number of processes and this process's id (flags or the
 environment variables MASKPRIOR_COORDINATOR, MASKPRIOR_NUM_PROCESSES, MASKPRIOR_PROCESS_ID).
 Each process loads only its shard of the data (`process_slice`) and the global batch is
-assembled with `jax.make_array_from_process_local_data`; only process 0 writes files.
+assembled with `jax.make_array_from_process_local_data`; checkpoints are written by orbax from
+every process (each its own shards); every other file is written by process 0 only.
 """
 from __future__ import annotations
 
@@ -51,3 +52,23 @@ def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
   """Assemble per-process rows into one global array per leaf, sharded over "data"."""
   sharding = train.batch_sharding(mesh, batch_axis)
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)
+
+
+def barrier(name: str) -> None:
+  """Wait until every process gets here (no-op for one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def host_tree(tree):
+  """The same pytree as numpy arrays in every process: fully addressable or fully replicated
+  leaves are read locally, leaves sharded over other processes' devices are all-gathered."""
+  def get(a):
+    if not isinstance(a, jax.Array) or a.is_fully_addressable:
+      return np.asarray(jax.device_get(a))
+    if a.is_fully_replicated:
+      return np.asarray(a.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+  return jax.tree.map(get, tree)

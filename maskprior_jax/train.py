@@ -238,22 +238,26 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
                          batch)
     return distributed.global_batch(local, mesh, lead)
   done, history = 0, None
+  if mesh is not None:
+    states = jax.device_put(states, state_sharding or replicated(mesh))
   if checkpointer is not None:
-    restored = checkpointer.restore_latest(jax.device_get(states))
+    # Restored straight into the state's sharding: with several processes each reads its shards.
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), states)
+    restored = checkpointer.restore_latest(abstract)
     if restored is not None:
       states, record = restored
       done, history = int(record["step"]), record["history"]
-      print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
-  if mesh is not None:
-    states = jax.device_put(states, state_sharding or replicated(mesh))
+      if jax.process_index() == 0:
+        print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
-  progress = Progress(steps, label=label, every=log_every)
+  progress = Progress(steps, label=label, every=log_every, enabled=jax.process_index() == 0)
   progress.last_step = done
 
   def save(step, wait=False):
+    # The arrays as they lie on the devices: orbax writes each process's shards from that process.
     if checkpointer is not None:
-      checkpointer.save(step, jax.device_get(states), {"step": step, "history": history}, wait=wait)
+      checkpointer.save(step, states, {"step": step, "history": history}, wait=wait)
 
   def check_finite():
     """At a sync point: stop if any seed met a non-finite loss (its state is the last good one)."""

@@ -55,7 +55,8 @@ def test_end_to_end_writes_results_table_and_plots(finished_run):
     assert (finished_run / name).stat().st_size > 0
   assert "| mask |" in (finished_run / "table.md").read_text()
   assert all(len(r["state_sha256"]) == 64 for r in res["runs"])
-  assert {"jax", "flax", "maskprior_jax", "devices"} <= set(res["environment"])
+  assert {"jax", "flax", "maskprior_jax", "devices", "processes"} <= set(res["environment"])
+  assert res["attention"] == {"requested": "auto", "training_path": "xla"}   # no cuDNN on a CPU
   for m in ("vanilla", "mimetic", "qk", "mask"):
     assert any((finished_run / "tensorboard" / m).glob("seeds_0_1/events.out.tfevents.*"))
   rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
@@ -80,6 +81,8 @@ def test_rerun_skips_finished_methods(finished_run, capsys):
     (["--task", "f2", "--config.train.stepz=10"], "unknown config key 'train.stepz'"),
     (["--task", "f2", "--config.train.steps=many"], "expected an integer"),
     (["--task", "f2", "--config.prior.mode=melted"], "prior.mode must be learned or frozen"),
+    (["--task", "f2", "--config.model.attention=flash"], "model.attention must be xla or cudnn or auto"),
+    (["--task", "f2", "--num_processes", "2"], "need --coordinator_address"),
     (["--task", "f2", "--config.eval.every_steps=75"], "must be a multiple of train.steps_per_call"),
     (["--task", "f2", "--config.train.learning_rate_by_task=f2:1e-3"], "bad entry"),
     (["--task", "f2", "--seeds", "0"], "--seeds must be at least 1"),

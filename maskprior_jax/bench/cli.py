@@ -54,7 +54,12 @@ def parse_seeds(text: str) -> list[int]:
 
 def _config(args, name: str):
   cfg = load_config_file(args.config) if args.config else builtin_config(name)
-  return apply_overrides(cfg, args.overrides)
+  cfg = apply_overrides(cfg, args.overrides)
+  import jax
+  if jax.process_count() > 1 and not cfg.train.get("data_parallel", False):
+    raise UsageError(f"{jax.process_count()} processes train one run together: add "
+                     "--config.train.data_parallel=True (each process then feeds its share of every batch)")
+  return cfg
 
 
 def _check_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
@@ -63,6 +68,8 @@ def _check_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
   written is a one-line error. Seeds and methods are not part of the record: more of either can be
   added to a workdir (finished (method, seed) runs are kept)."""
   import os
+
+  from maskprior_jax import distributed
   cfg_path = workdir / "run_config.json"
   record = json.loads(json.dumps(record, sort_keys=True))  # as stored: tuples become lists
   if workdir.exists() and not workdir.is_dir():
@@ -77,12 +84,14 @@ def _check_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
     if old != record:
       raise UsageError(f"{workdir} holds a run with a different config or command; use another "
                        f"--workdir, or --fresh to start over there")
-  workdir.mkdir(parents=True, exist_ok=True)
-  if fresh:
-    import shutil
-    for child in workdir.iterdir():
-      shutil.rmtree(child) if child.is_dir() else child.unlink()
-  cfg_path.write_text(json.dumps(record, indent=1, sort_keys=True))
+  if distributed.is_main_process():   # with several processes, only process 0 writes
+    workdir.mkdir(parents=True, exist_ok=True)
+    if fresh:
+      import shutil
+      for child in workdir.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    cfg_path.write_text(json.dumps(record, indent=1, sort_keys=True))
+  distributed.barrier("maskprior_workdir_ready")
 
 
 def cmd_boolean(args) -> int:
@@ -112,7 +121,9 @@ def cmd_boolean(args) -> int:
   _check_workdir(workdir, record, args.fresh)
   if tasks is None:
     boolean_run.run_headline(cfg, methods, seeds, workdir)
-    print((workdir / "summary.md").read_text())
+    from maskprior_jax.bench.results import main_process
+    if main_process():
+      print((workdir / "summary.md").read_text())
   else:
     from maskprior_jax.bench.results import RunProgress
     res = boolean_run.run_task(tasks[0], cfg, methods, seeds, workdir,
@@ -255,14 +266,23 @@ CONFIG_HELP = """config overrides:
 """
 
 
-def _common(p: argparse.ArgumentParser, workdir: str, seeds: str = "3") -> None:
+def _common(p: argparse.ArgumentParser, workdir: str, seeds: str = "3",
+            methods: str = "vanilla, mimetic, qk, mask") -> None:
   p.add_argument("--methods", default="vanilla,mimetic,qk,mask",
-                 help="comma-separated, from vanilla, mimetic, qk, mask (default: %(default)s)")
+                 help=f"comma-separated, from {methods} (default: %(default)s)")
   p.add_argument("--seeds", default=seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C "
                  "(default: %(default)s)")
   p.add_argument("--workdir", default=workdir, help="run folder; a rerun continues there (default: %(default)s)")
   p.add_argument("--config", help="config file with get_config() (default: the built-in config of this benchmark)")
   p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
+  _distributed(p)
+
+
+def _distributed(p: argparse.ArgumentParser) -> None:
+  g = p.add_argument_group("several processes (JAX's distributed runtime; found by itself on TPU VMs)")
+  g.add_argument("--coordinator_address", help="HOST:PORT of process 0 (or $MASKPRIOR_COORDINATOR)")
+  g.add_argument("--num_processes", type=int, help="number of processes (or $MASKPRIOR_NUM_PROCESSES)")
+  g.add_argument("--process_id", type=int, help="this process's index, 0..N-1 (or $MASKPRIOR_PROCESS_ID)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--digits", type=int, help="operand digits for add (default: the config's, 3)")
   a.add_argument("--train-sizes", help="comma-separated training-set sizes (default: the config's, "
                  "250,500,1000,2000,5000)")
-  _common(a, "runs/arithmetic")
+  _common(a, "runs/arithmetic", methods="vanilla, mimetic, qk, mask, coupling, mask_coupling")
   a.set_defaults(fn=cmd_arithmetic)
   v = sub.add_parser("vision", help="ViT classification with a 2-D locality prior", epilog=CONFIG_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,6 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _start_processes(args) -> None:
+  """Join the other processes of a multi-process run (no-op for one process). Processes other
+  than 0 print nothing to stdout: process 0 writes and prints the results."""
+  from maskprior_jax import distributed
+  given = [args.coordinator_address, args.num_processes, args.process_id]
+  if any(v is not None for v in given) and args.coordinator_address is None:
+    raise ValueError("--num_processes/--process_id need --coordinator_address HOST:PORT")
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  if not distributed.is_main_process():
+    import os
+    sys.stdout = open(os.devnull, "w")
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   overrides = [a for a in argv if a.startswith("--config.")]
@@ -317,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args = parser.parse_args(rest)
   args.overrides = overrides
+  if args.command != "report":
+    try:
+      _start_processes(args)
+    except (ValueError, RuntimeError) as e:
+      print(f"maskprior: error: cannot start the distributed runtime: {e}", file=sys.stderr)
+      return 2
   from maskprior_jax.bench.arithmetic.tasks import DataError
   from maskprior_jax.bench.boolean.tasks import TaskSpecError
   from maskprior_jax.bench.data import DataError as DatasetError

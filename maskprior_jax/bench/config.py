@@ -110,12 +110,32 @@ def _get(cfg, key: str):
   return node
 
 
+# model.attention: XLA's attention, cuDNN's fused kernel, or "auto" (cuDNN only on a GPU, for
+# bfloat16/float16 and a bias with batch dimension 1; see maskprior_jax.attention).
+ATTENTION = ("xla", "cudnn", "auto")
+
+
+def attention_record(cfg) -> dict | None:
+  """What results.json records of the attention path: the config's request and the path the
+  training step takes on this backend (float32 benchmark models, one bias shared by the batch)."""
+  requested = cfg.get("model", {}).get("attention")
+  if requested is None:
+    return None
+  import jax.numpy as jnp
+
+  from maskprior_jax.attention import attention_implementation
+  return {"requested": requested, "training_path": attention_implementation(requested, jnp.float32, 1)}
+
+
 def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=(),
           multiples_of_steps_per_call=("train.steps", "eval.every_steps", "checkpoint.every_steps")) -> None:
   """The checks every benchmark's config needs, each failure one ConfigError naming the key:
   `choices` {key: allowed values}, `positive` keys (> 0), and step counts that must be
   multiples of train.steps_per_call."""
-  for key, allowed in (choices or {}).items():
+  choices = dict(choices or {})
+  if "attention" in cfg.get("model", {}):
+    choices["model.attention"] = ATTENTION
+  for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
       raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
   for key in positive:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskprior_jax import baselines, measure, optim, train
+from maskprior_jax import baselines, distributed, measure, optim, train
 from maskprior_jax.attention import MASK_PRIOR
 from maskprior_jax.bench.results import RunRecord, TensorBoardLog, per_run
 from maskprior_jax.checkpoint import Checkpointer, tree_sha256
@@ -79,7 +79,8 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
   inits = [initial_variables(method, model, sample_input, s, cfg, probe_input=probe_input,
                              target_attn=target_attn) for s in seeds]
   variables0 = [v for v, _ in inits]
-  init0 = train.stack_trees(variables0)
+  init0 = jax.device_get(train.stack_trees(variables0))   # host arrays: valid on any mesh and process
+  mesh = data_parallel_mesh(cfg)
   target_attn = jnp.asarray(target_attn)
   rows = slice(None) if attn_rows is None else np.asarray(attn_rows)
 
@@ -89,17 +90,18 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
     out["attn_tv"] = measure.total_variation(maps[..., rows, :], target_attn[..., rows, :])
     return out
 
-  @jax.jit
-  def eval_all(stacked, data):
+  def eval_all(stacked, data, init0):
     out = jax.vmap(eval_one, in_axes=(0, None if data is None else 0))(stacked, data)
     if MASK_PRIOR in stacked:
       out["mask_drift"] = measure.mask_drift(stacked, init0)
     return out
+  # Over a mesh the metrics come back replicated, so that every process can read them.
+  eval_all = jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)}))
 
   tensorboard = None if tensorboard_dir is None else TensorBoardLog(tensorboard_dir)
 
   def eval_fn(step, stacked):
-    out = jax.device_get(eval_all(stacked, run_data))   # fetched once, for the history and TensorBoard
+    out = jax.device_get(eval_all(stacked, run_data, init0))   # fetched once, for the history and TensorBoard
     if tensorboard is not None:
       tensorboard(step, out)
     return out
@@ -112,14 +114,15 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
         loss_fn=loss_fn, tx=tx, variables=variables0, seeds=list(run_ids if run_ids is not None else seeds),
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=eval_fn, label=label,
-        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=data_parallel_mesh(cfg),
+        checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=mesh,
         fsdp=cfg.train.get("fsdp", False))
   finally:
     if checkpointer is not None:
       checkpointer.close()
     if tensorboard is not None:
       tensorboard.close()
-  return state, history, [i for _, i in inits], init0
+  # On the host in every process: what comes next (test metrics, digests) reads it locally.
+  return distributed.host_tree(state), history, [i for _, i in inits], init0
 
 
 def run_record(method: str, seed: int, i: int, state, history, infos, metrics: dict) -> RunRecord:

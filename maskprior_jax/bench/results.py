@@ -40,8 +40,16 @@ class RunRecord:
             "state_sha256": self.state_sha256, **self.info}
 
 
+def main_process() -> bool:
+  """Whether this process writes files and prints progress (process 0 of a multi-process run)."""
+  return jax.process_index() == 0
+
+
 def write_json(path: pathlib.Path, obj: Any) -> None:
-  """Write atomically (temp file + rename), so an interrupted write never leaves half a file."""
+  """Write atomically (temp file + rename), so an interrupted write never leaves half a file.
+  Only process 0 writes."""
+  if not main_process():
+    return
   path = pathlib.Path(path)
   tmp = path.with_suffix(path.suffix + ".tmp")
   tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
@@ -64,8 +72,9 @@ def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header
     raise ValueError(f"unknown benchmark {benchmark!r}")
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  from maskprior_jax.bench.config import attention_record
   results = {"benchmark": benchmark, **header, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
-             "environment": environment()}
+             "environment": environment(), "attention": attention_record(cfg)}
   path = workdir / "results.json"
   if path.exists():
     old = json.loads(path.read_text())
@@ -113,11 +122,14 @@ def environment() -> dict:
   from maskprior_jax import __version__
   return {"maskprior_jax": __version__, "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(),
-          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+          "processes": jax.process_count()}
 
 
 def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
-  """Rewrite a JSON-lines file atomically (one row per line)."""
+  """Rewrite a JSON-lines file atomically (one row per line); only process 0 writes."""
+  if not main_process():
+    return
   path = pathlib.Path(path)
   tmp = path.with_suffix(path.suffix + ".tmp")
   tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
@@ -132,6 +144,8 @@ class TensorBoardLog:
     self.logdir, self.writer = pathlib.Path(logdir), None
 
   def __call__(self, step: int, row: dict) -> None:
+    if not main_process():
+      return
     if self.writer is None:
       from tensorboardX import SummaryWriter
       self.writer = SummaryWriter(str(self.logdir))
@@ -243,6 +257,8 @@ class RunProgress:
 
   def done(self) -> None:
     self.trained += 1
+    if not main_process():
+      return
     elapsed = time.perf_counter() - self.t0
     left = self.total - self.trained - self.skipped
     eta = elapsed / self.trained * left

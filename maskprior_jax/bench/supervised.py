@@ -88,7 +88,8 @@ def validate_common(cfg: ml_collections.ConfigDict, choices: dict, positive: lis
 def build_model(pb: Problem, cfg, method: str) -> Transformer:
   m = cfg.model
   return Transformer(dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim,
-                     pos_embedding=m.pos_embedding, mask=pb.mask if method == "mask" else None, **pb.model_kwargs)
+                     pos_embedding=m.pos_embedding, mask=pb.mask if method == "mask" else None,
+                     attention_implementation=m.get("attention"), **pb.model_kwargs)
 
 
 # ----------------------------------------------------------------------------- run
@@ -227,6 +228,8 @@ def table(results: dict) -> str:
 
 
 def write_report(results: dict, workdir: pathlib.Path) -> None:
+  if not results_lib.main_process():   # process 0 writes the report
+    return
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))
   curves = results["curves"]

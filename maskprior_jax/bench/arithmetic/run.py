@@ -64,7 +64,8 @@ def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transforme
   return Transformer(vocab_size=task.vocab_size, dim=m.dim, depth=m.depth, num_heads=m.num_heads,
                      head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=task.input_len, causal=True,
                      pos_embedding=m.pos_embedding, pooling="none", head="lm",
-                     num_outputs=task.vocab_size, mask=mask, position_ids=coupled)
+                     num_outputs=task.vocab_size, mask=mask, position_ids=coupled,
+                     attention_implementation=m.get("attention"))
 
 
 def prior_pattern(task: arithmetic.ArithmeticTask, cfg) -> np.ndarray:
@@ -205,6 +206,8 @@ def table(results: dict) -> str:
 
 
 def write_report(results: dict, workdir: pathlib.Path) -> None:
+  if not results_lib.main_process():   # process 0 writes the report
+    return
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))
   methods, sizes = results_lib.methods_in(results), results["train_sizes"]

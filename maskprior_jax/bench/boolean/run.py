@@ -107,7 +107,8 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
   pos = cfg.prior.pos_embedding if method == "mask" and cfg.prior.pos_embedding != "model" else m.pos_embedding
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
                      mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=pos,
-                     pos_where=m.pos_where, pooling="cls", head="regression", mask=mask)
+                     pos_where=m.pos_where, pooling="cls", head="regression", mask=mask,
+                     attention_implementation=m.get("attention"))
 
 
 def to_ids(x: np.ndarray) -> np.ndarray:
@@ -327,6 +328,8 @@ def degree_table(results: dict) -> str:
 
 
 def write_task_report(results: dict, workdir: pathlib.Path) -> None:
+  if not results_lib.main_process():   # process 0 writes the report
+    return
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(task_table(results))
   curves = results["curves"]
@@ -410,6 +413,8 @@ def headline_table(all_results: Sequence[dict]) -> str:
 
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
+  if not results_lib.main_process():   # process 0 writes the report
+    return
   (workdir / "summary.md").write_text(headline_table(all_results))
   methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
   fig, ax = results_lib.new_figure((7, 3.6))

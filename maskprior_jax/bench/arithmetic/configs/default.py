@@ -15,7 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.task = dict(name="add", digits=3, modulus=97, reverse=True, train_sizes=(250, 500, 1000, 2000, 5000),
                 test_size=2000, data_seed=0)
   # A causal decoder (next-token prediction, loss on the answer tokens only).
-  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
+  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned",
+                 attention="auto")   # "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention"
   # The prior: the rows that predict answer digits attend to their operand columns (logit
   # `inside`) and get `outside` elsewhere; one pattern for every head and layer. Methods
   # "coupling" and "mask_coupling" add position coupling (addition only).

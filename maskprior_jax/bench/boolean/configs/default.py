@@ -13,7 +13,8 @@ def get_config() -> ml_collections.ConfigDict:
   # sum is rebuilt over n variables). Chosen so that vanilla fits every seen domain in the budget.
   c.task = dict(n_by_task="f3_cyclic=10,frozen_coordinate=12")
   c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=128,
-                 pos_embedding="learned", pos_where="input")
+                 pos_embedding="learned", pos_where="input",
+                 attention="auto")   # "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention"
   # The mask prior: per head one interaction group (a monomial's variables); the CLS token
   # reads its head's group, a variable token reads its groups (token_rows="group"), the other
   # members of its groups but not itself ("noself"), or only itself ("self"). Logit `inside` on

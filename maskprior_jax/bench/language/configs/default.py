@@ -12,7 +12,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # seq_len: LM context; classification reads the first seq_len bytes of each text.
   c.data = dict(dataset="pydoc", data_dir="", seq_len=64, train_split="train", test_split="test")
-  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
+  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned",
+                 attention="auto")   # "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention"
   # 1-D recency/locality: B[h, q, k] = -scale * slope_h * |k - q|, ALiBi's slopes 2^(-8h/H),
   # stored as a learnable per-head offset table (each head learns its own width).
   c.prior = dict(scale=1.0, mode="learned", mask_lr_multiplier=1.0)

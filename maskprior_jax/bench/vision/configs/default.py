@@ -11,7 +11,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.data = dict(dataset="digits", data_dir="", patch=2, train_split="train", test_split="test")
   c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=128, pooling="cls",
-                 pos_embedding="learned")
+                 pos_embedding="learned",
+                 attention="auto")   # "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention"
   # 2-D locality over the patch grid, learnable (a relative-offset table per head):
   # "distance": logit -slope_h * distance, slopes 4 * 2^(-8h/H) (per-head neighbourhood widths);
   # "impulse": head h favours one offset of a 3x3 kernel (logit 0 there, `outside` elsewhere).

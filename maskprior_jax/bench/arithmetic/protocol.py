@@ -1,0 +1,73 @@
+"""The arithmetic benchmark's protocol, written down before the confirmation run: which seeds
+explore, which confirm, the budget measurement and the rule that picks the default.
+
+- Exploration (`experiments/arithmetic_explore.py`) uses EXPLORATION_SEEDS only.
+  1. Budget: vanilla, mask, coupling and mask_coupling at BUDGET_SIZES, trained BUDGET_STEPS steps
+     with each weight decay of BUDGET_WEIGHT_DECAYS; the test exact match is read off the eval
+     curve at every step count of BUDGET_CHECKPOINTS.
+  2. Prior variants (VARIANTS, config overrides of the mask method) at VARIANT_SIZES, with the
+     budget chosen in 1.
+- Budget rule (`select_budget`): a longer budget or a stronger weight decay is adopted only if it
+  lifts some method's mean test exact match at some budget size by more than that cell's seed
+  spread (the larger of the two standard deviations) over the current budget (1,500 steps, weight
+  decay 0.1); among the settings that do, the one with the largest lift is taken. The step count
+  must keep the CPU default (six methods, five seeds) under about 30 minutes on 2 cores; the
+  training sizes are then reduced (the largest first, where vanilla is already at 100%) to fit.
+- Variant rule (`select_variant`): score = mean over VARIANT_SIZES of the mask's mean greedy exact
+  match; the best variant replaces the current default ("window") only if its score beats the
+  default's by more than the spread (mean over sizes of the default's standard deviation).
+- Confirmation: `maskprior arithmetic` with CONFIRMATION_SEEDS and every method, run once with
+  the chosen default; its table is reported as run.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+EXPLORATION_SEEDS = tuple(range(100, 105))
+CONFIRMATION_SEEDS = tuple(range(0, 5))
+
+CURRENT_BUDGET = {"steps": 1500, "weight_decay": 0.1}
+BUDGET_METHODS = ("vanilla", "mask", "coupling", "mask_coupling")
+BUDGET_SIZES = (250, 500)
+BUDGET_STEPS = 6000
+BUDGET_CHECKPOINTS = (1500, 3000, 6000)
+BUDGET_WEIGHT_DECAYS = (0.1, 1.0)
+
+VARIANT_SIZES = (250, 500, 1000, 2000)
+DEFAULT = "window"
+VARIANTS = {
+    DEFAULT: [],                                                  # places i and i-1 at 0, else -4
+    "carry": ["--config.prior.kind=carry"],                       # every lower place, -1 per place below i-1
+    "outside_2": ["--config.prior.outside=-2.0"],                 # a weaker prior
+    "outside_8": ["--config.prior.outside=-8.0"],                 # a stronger prior
+}
+
+
+def select_budget(cells: dict) -> tuple[dict, str]:
+  """`cells[(method, size, steps, weight_decay)]` = per-seed test exact match. Returns (budget, why)."""
+  base = CURRENT_BUDGET
+  best, lift_best, why = dict(base), 0.0, "no longer budget lifts any method beyond the seed spread"
+  for (m, n, steps, wd), v in cells.items():
+    ref = cells.get((m, n, base["steps"], base["weight_decay"]))
+    if ref is None or (steps, wd) == (base["steps"], base["weight_decay"]):
+      continue
+    lift = float(np.mean(v) - np.mean(ref))
+    spread = max(float(np.std(v)), float(np.std(ref)))
+    if lift > spread and lift > lift_best:
+      best, lift_best = {"steps": steps, "weight_decay": wd}, lift
+      why = (f"{m} at {n} examples: {np.mean(ref):.3f} -> {np.mean(v):.3f} "
+             f"(+{lift:.3f}, spread {spread:.3f}) with {steps} steps, weight decay {wd}")
+  return best, why
+
+
+def select_variant(table: dict[str, dict[int, list[float]]]) -> tuple[str, str]:
+  """`table[variant][size]` = the mask's per-seed greedy exact match. Returns (variant, why)."""
+  if DEFAULT not in table:
+    raise ValueError("the variant table needs the current default")
+  scores = {v: float(np.mean([np.mean(x) for x in t.values()])) for v, t in table.items()}
+  spread = float(np.mean([np.std(x) for x in table[DEFAULT].values()]))
+  best = max(scores, key=scores.get)
+  if best != DEFAULT and scores[best] - scores[DEFAULT] > spread:
+    return best, f"{best} scores {scores[best]:.3f} vs default {scores[DEFAULT]:.3f} (spread {spread:.3f})"
+  return DEFAULT, (f"best other {best} scores {scores[best]:.3f} vs default {scores[DEFAULT]:.3f}: "
+                   f"not beyond the spread {spread:.3f}; the default stays")

@@ -1,0 +1,115 @@
+"""Whole benchmark runs over several processes (JAX's distributed runtime on localhost, CPU
+collectives over gloo): `maskprior boolean` data parallel in 2 processes x 2 devices against
+1 process x 4 devices, and a two-process run killed mid-run then resumed by rerunning the same
+commands. Slow (several two-process runs): `pytest -m slow tests/test_multiprocess.py`."""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+ARGS = ["boolean", "--task", "f2", "--methods", "vanilla,mask", "--seeds", "2", "--config.train.data_parallel=True",
+        f"--config.train.steps={STEPS}", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
+        "--config.checkpoint.every_steps=50", "--config.checkpoint.max_to_keep=3",
+        "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+# One and two processes reduce the gradient over the 4 devices in different orders (in-process
+# sum vs gloo all-reduce), so their float32 states differ by rounding: each step can differ by a
+# few units of float32 rounding (2^-23 relative), and such differences grow at most about
+# linearly over these few steps; 10x that bound is the tolerance.
+RTOL = 10 * STEPS * 2.0 ** -23
+
+
+def _port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices):
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
+def _cmd(workdir, extra=()):
+  return [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, "--workdir", str(workdir), *extra]
+
+
+def _two(workdir, port):
+  return [subprocess.Popen(_cmd(workdir, ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+                                          "--process_id", str(i)]),
+                           env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _finish(procs):
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  return outs
+
+
+def _results(workdir):
+  return json.loads((pathlib.Path(workdir) / "results.json").read_text())
+
+
+def _numbers(res):
+  keys = ("seen_mse", "unseen_mse_true", "unseen_mse_mdi")
+  return np.array([[r[k] for k in keys] for r in sorted(res["runs"], key=lambda r: (r["method"], r["seed"]))])
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+  work = tmp_path_factory.mktemp("one")
+  subprocess.run(_cmd(work), env=_env(4), check=True, capture_output=True, timeout=900)
+  return _results(work)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+  work = tmp_path_factory.mktemp("two")
+  outs = _finish(_two(work, _port()))
+  return work, outs
+
+
+def test_two_processes_equal_one_process(one_process, two_processes):
+  work, outs = two_processes
+  res = _results(work)
+  assert len(res["environment"]["devices"]) == len(one_process["environment"]["devices"]) == 4
+  assert (res["environment"]["processes"], one_process["environment"]["processes"]) == (2, 1)
+  assert [(r["method"], r["seed"]) for r in res["runs"]] == [(r["method"], r["seed"]) for r in one_process["runs"]]
+  np.testing.assert_allclose(_numbers(res), _numbers(one_process), rtol=RTOL)
+  for a, b in zip(res["curves"]["mask"]["unseen_mse_true"], one_process["curves"]["mask"]["unseen_mse_true"]):
+    np.testing.assert_allclose(a, b, rtol=RTOL)
+  # Process 0 printed the table; process 1 printed none (gloo's own lines aside).
+  assert "results in" in outs[0][0] and "| mask |" in outs[0][0]
+  assert "results in" not in outs[1][0] and "| mask |" not in outs[1][0]
+  assert {p.name for p in work.iterdir()} >= {"results.json", "table.md", "run_config.json", "checkpoints"}
+
+
+def test_killed_two_process_run_resumes_to_the_same_state(two_processes, tmp_path):
+  work, _ = two_processes
+  ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
+  procs = _two(tmp_path, _port())
+  deadline = time.time() + 600
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 100 for d in ckpt.iterdir()):
+      break
+    time.sleep(0.05)
+  assert all(p.poll() is None for p in procs), "the run ended before it could be killed"
+  for p in procs:
+    p.send_signal(signal.SIGKILL)
+  for p in procs:
+    p.communicate(timeout=60)
+  assert not (tmp_path / "results.json").exists()
+  outs = _finish(_two(tmp_path, _port()))
+  assert "resumed from the checkpoint at step" in outs[0][1]
+  full, resumed = _results(work), _results(tmp_path)
+  assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in full["runs"]]
+  assert _numbers(resumed).tolist() == _numbers(full).tolist()
