@@ -140,6 +140,37 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
 
 
+def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
+                               device_batch_fn: Callable[[jax.Array, jax.Array], Any], num_runs: int, *,
+                               steps_per_call: int = 1, mesh: Mesh | None = None, state_sharding=None,
+                               donate: bool = True):
+  """A jitted `step(state, first_step) -> (state, metrics)` that draws its own batches on the
+  device: `device_batch_fn(step, run)` (traced; int32 scalars) returns run `run`'s batch for
+  training step `step`, a pure function of the two (e.g. indices drawn with a key folded from
+  the run's seed and the step, gathered from a training set held on the device), so a resumed
+  run sees the batches it would have seen and no batch crosses from the host. The state carries
+  a leading run axis of `num_runs` (as `make_train_step(seed_axis=True)`); each call runs
+  `steps_per_call` steps (metrics stacked on a leading step axis). With a `mesh`, every run's
+  batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
+  partitionable threefry gives the same numbers whatever the sharding)."""
+  step = jax.vmap(_step_fn(loss_fn, tx))
+  runs = jnp.arange(num_runs, dtype=jnp.int32)
+
+  def one(state, i):
+    batch = jax.vmap(device_batch_fn, in_axes=(None, 0))(i, runs)
+    if mesh is not None:
+      batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh, 1))
+    return step(state, batch)
+
+  def call(state, first_step):
+    return jax.lax.scan(one, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
+  kwargs = {}
+  if mesh is not None:
+    state_spec = replicated(mesh) if state_sharding is None else state_sharding
+    kwargs = dict(in_shardings=(state_spec, replicated(mesh)), out_shardings=(state_spec, replicated(mesh)))
+  return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
+
+
 def make_pmap_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, axis_name: str = "batch"):
   """Legacy path: the same step under `jax.pmap` (state replicated per device, batch split on
   its leading device axis, gradients averaged with `lax.pmean`). Tested to equal the
@@ -200,11 +231,13 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
                 seeds: Sequence[int], batch_fn: Callable[[int, Sequence[int]], Any], steps: int,
                 steps_per_call: int, eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
                 log_every: int = 250, checkpointer=None, checkpoint_every: int = 0, mesh: Mesh | None = None,
-                fsdp: bool = False) -> tuple[TrainState, list[dict]]:
+                fsdp: bool = False, device_batch_fn=None) -> tuple[TrainState, list[dict]]:
   """The training loop: one run per seed, all seeds in a single vmapped program.
 
   batch_fn(step, seeds) -> batch with a leading seed axis (a function of seed and step, so a
-  resumed run sees the batches it would have seen). With a `mesh` (see `data_mesh`), every
+  resumed run sees the batches it would have seen), built on the host; or, with
+  `device_batch_fn(step, run)` instead (run = index into `seeds`), batches drawn inside the
+  compiled step (`make_generating_train_step`) and `batch_fn` unused. With a `mesh` (see `data_mesh`), every
   seed's batch is split over the mesh's "data" axis (data parallel, the state replicated); the
   batch size must divide by its size. Each process then feeds only its rows of the global
   batch (`distributed.process_slice`). With `fsdp` as well, large state leaves are split over
@@ -226,8 +259,12 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
   state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and fsdp) else None
-  step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
-                            state_sharding=state_sharding)
+  if device_batch_fn is not None:
+    step_fn = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
+                                         mesh=mesh, state_sharding=state_sharding)
+  else:
+    step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
+                              state_sharding=state_sharding)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
 
   def place(batch):
@@ -270,10 +307,13 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   try:
     with ckpt.SigtermFlag() as sigterm:
       while done < steps:
-        chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
-        batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
         # No host sync here: the device runs ahead while the next batch is built.
-        states, metrics = step_fn(states, place(batch))
+        if device_batch_fn is not None:
+          states, metrics = step_fn(states, np.int32(done))
+        else:
+          chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+          batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
+          states, metrics = step_fn(states, place(batch))
         done += steps_per_call
         log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
         term = sigterm.raised   # read once: a signal arriving later is handled at the next step

@@ -135,6 +135,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
   choices = dict(choices or {})
   if "attention" in cfg.get("model", {}):
     choices["model.attention"] = ATTENTION
+  if "batches" in cfg.get("train", {}):
+    choices["train.batches"] = ("host", "device")
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
       raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")

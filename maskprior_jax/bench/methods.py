@@ -61,7 +61,8 @@ def data_parallel_mesh(cfg):
 
 def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_input, probe_input,
                  target_attn, loss_fn, batch_fn, metrics_fn, label: str, checkpoint_dir=None,
-                 tensorboard_dir=None, run_data=None, attn_rows=None, run_ids: Sequence[int] | None = None):
+                 tensorboard_dir=None, run_data=None, attn_rows=None, run_ids: Sequence[int] | None = None,
+                 device_batch_fn=None):
   """Train one method for every seed in one vmapped program (`train.train_seeds`), with the
   persistence measurements.
 
@@ -72,8 +73,10 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
   distance between attention rows on `probe_input` and `target_attn` (heads, q, kv) (only
   rows `attn_rows` if given), and for a model with a prior `mask_drift` ||B_t-B_0||/||B_0||.
   `run_ids` (default: the seeds) index runs for `batch_fn` when runs differ by more than the
-  seed; the seeds give each run its initialization. With `tensorboard_dir`, every evaluation
-  reaches TensorBoard as it is made.
+  seed; the seeds give each run its initialization. With cfg.train.batches = "device", batches
+  are drawn inside the compiled step by `device_batch_fn(step, run)` (run: index into the runs)
+  instead of by `batch_fn` on the host. With `tensorboard_dir`, every evaluation reaches
+  TensorBoard as it is made.
   Returns (final stacked state, history, per-run init info, stacked initial variables).
   """
   inits = [initial_variables(method, model, sample_input, s, cfg, probe_input=probe_input,
@@ -115,7 +118,8 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=eval_fn, label=label,
         checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=mesh,
-        fsdp=cfg.train.get("fsdp", False))
+        fsdp=cfg.train.get("fsdp", False),
+        device_batch_fn=device_batch_fn if cfg.train.get("batches", "host") == "device" else None)
   finally:
     if checkpointer is not None:
       checkpointer.close()

@@ -132,6 +132,17 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
         ys.append(train_xy[s][1][idx])
       return {"x": np.stack(xs), "y": np.stack(ys)}
 
+    # The same draw on the device: run r's training pairs padded to the largest size.
+    table_x = np.stack([train_xy[s][0][:max(sizes)] for _, s in runs])
+    table_y = np.stack([train_xy[s][1][:max(sizes)] for _, s in runs])
+    run_n = np.asarray([n for n, _ in runs], np.int32)
+    run_seed = np.asarray([s for _, s in runs], np.int32)
+
+    def device_batch_fn(step, r):
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(0), jnp.asarray(run_seed)[r]), jnp.asarray(run_n)[r]), step)
+      idx = jax.random.randint(key, (bs,), 0, jnp.asarray(run_n)[r])
+      return {"x": jnp.asarray(table_x)[r][idx], "y": jnp.asarray(table_y)[r][idx]}
+
     t_method = results_lib.Timer()
     model = build_model(task, cfg, method)
 
@@ -155,7 +166,7 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
         method=method, model=model, tx=methods_lib.make_tx(cfg), cfg=cfg, seeds=[s for _, s in runs],
         run_ids=list(range(len(runs))), sample_input=jnp.zeros((1, task.input_len), jnp.int32),
         probe_input=probe, target_attn=target_attn, attn_rows=rows, loss_fn=loss_fn, batch_fn=batch_fn,
-        metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}",
+        metrics_fn=metrics_fn, run_data=run_data, label=f"{task.name}/{method}", device_batch_fn=device_batch_fn,
         checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
         tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
 

@@ -194,6 +194,13 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       idx = np.stack([np.random.default_rng([s, step]).integers(0, len(seen_ids), bs) for s in seeds])
       return {"x": seen_ids[idx], "y": seen_f[idx]}
 
+    run_seeds = np.asarray(todo, np.int32)
+
+    def device_batch_fn(step, run, run_seeds=run_seeds):
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), jnp.asarray(run_seeds)[run]), step)
+      idx = jax.random.randint(key, (bs,), 0, len(seen_ids))
+      return {"x": jnp.asarray(seen_ids)[idx], "y": jnp.asarray(seen_f)[idx]}
+
     def metrics_fn(v, data):
       del data
       pred = model.apply(v, ev_ids)
@@ -204,7 +211,8 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
     state, history, infos, _ = methods_lib.train_method(
         method=method, model=model, tx=methods_lib.make_tx(cfg, learning_rate(cfg, task.name)), cfg=cfg, seeds=todo,
         sample_input=jnp.zeros((1, task.n), jnp.int32), probe_input=probe_ids, target_attn=target_attn,
-        loss_fn=loss_fn, batch_fn=batch_fn, metrics_fn=metrics_fn, label=f"{task.name}/{method}",
+        loss_fn=loss_fn, batch_fn=batch_fn, device_batch_fn=device_batch_fn, metrics_fn=metrics_fn,
+        label=f"{task.name}/{method}",
         checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
         tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
 

@@ -25,8 +25,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.prior = dict(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0, kind="window",
                  carry_decay=1.0)
   # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
+  # batches: "host" (numpy, the committed results' batches) or "device" (drawn inside the
+  # compiled step from the training set held on the device; no host work per call).
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.1,
-                 steps_per_call=50, data_parallel=False)
+                 steps_per_call=50, data_parallel=False,
+                 batches="host")
   c.eval = dict(every_steps=100, train_eval_size=250, probe_size=128)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)

@@ -15,6 +15,6 @@ def get_config():
   c.model.update(dim=256, depth=12, num_heads=6, head_dim=64, mlp_dim=256)
   c.train.update(steps=8000, batch_size=256, learning_rate=2e-5, weight_decay=1e-3, optimizer="adamw",
                  learning_rate_by_task="f2_2parity=1e-5,f4_majority=1e-5,frozen_coordinate=1e-5",
-                 steps_per_call=100)
+                 steps_per_call=100, batches="device")
   c.eval.update(every_steps=500, num_points=16384, probe_size=512)
   return c
