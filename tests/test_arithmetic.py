@@ -159,3 +159,12 @@ def test_coupling_methods_run_and_modadd_refuses_them(tmp_path, capsys):
   assert "| train size | coupling | mask_coupling |" in (work / "table.md").read_text()
   assert cli.main(["arithmetic", "--task", "modadd", "--methods", "coupling", "--workdir", str(tmp_path / "m")]) == 2
   assert "position coupling" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_carry_counts_by_hand():
+  from maskprior_jax.bench.arithmetic.tasks import ArithmeticTask
+  t = ArithmeticTask("add", 3)
+  a = np.array([999, 123, 15, 95, 500, 0])
+  b = np.array([1, 456, 5, 5, 500, 0])
+  assert t.carries(a, b).tolist() == [3, 0, 1, 2, 1, 0]
+  assert ArithmeticTask("modadd").carries(a, b) is None

@@ -97,6 +97,7 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
   splits = arithmetic.make_splits(task, max(sizes), seeds, test_size=cfg.task.test_size,
                                   data_seed=cfg.task.data_seed)
   test_x, test_y = task.encode(splits.test_a, splits.test_b)
+  carries = task.carries(splits.test_a, splits.test_b)   # the mechanism: where do errors fall?
   rows = task.answer_rows
   train_xy = {s: task.encode(splits.train_a[s], splits.train_b[s]) for s in seeds}
   n_eval = min(cfg.eval.train_eval_size, min(sizes))
@@ -108,6 +109,7 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
                                      "arithmetic", {
       "task": task.name, "digits": task.digits, "modulus": task.modulus,
       "reverse": task.reverse, "train_sizes": sizes, "test_size": len(test_x),
+      "test_carries": None if carries is None else np.bincount(carries, minlength=task.digits + 1).tolist(),
       "prior_pattern": prior_pattern(task, cfg).tolist()})
   bs = cfg.train.batch_size
 
@@ -179,6 +181,9 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
       metrics = {"train_size": int(n), "exact_match": float(right[i].all(-1).mean()),
                  "digit_accuracy": float(right[i].mean()), "steps_to_99_train": reached[0] if reached else None,
                  "final_train_exact": curve[-1]["train_exact"]}
+      if carries is not None:   # exact match on the test pairs with c carries, c = 0..digits
+        metrics["exact_by_carries"] = [float(right[i].all(-1)[carries == c].mean()) if np.any(carries == c)
+                                       else None for c in range(task.digits + 1)]
       results["runs"].append(methods_lib.run_record(method, s, i, state, history, infos, metrics).to_json())
     results_lib.record_method(results, method, history, t_method(), workdir, run_labels=runs)
     done = [r for r in results["runs"] if r["method"] == method]
@@ -211,6 +216,16 @@ def table(results: dict) -> str:
     return f"{np.mean(hit):.0f} ({len(hit)}/{len(v)})" if hit else f"never (0/{len(v)})"
   out += "\nSteps to 99% train exact match (mean over the seeds that got there; how many did):\n\n"
   out += results_lib.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
+  if results.get("test_carries") and all("exact_by_carries" in r for r in results["runs"]):
+    counts = results["test_carries"]
+
+    def by_carries(m, n):
+      rows = np.asarray([r["exact_by_carries"] for r in results["runs"] if r["method"] == m and r["train_size"] == n],
+                        dtype=float)
+      return " / ".join("-" if np.isnan(v) else f"{v:.2f}" for v in rows.mean(0)) if len(rows) else "-"
+    out += ("\nTest exact match by carries in the pair (0 / 1 / ... carries; test pairs with each count: "
+            + " / ".join(map(str, counts)) + "), mean over seeds:\n\n")
+    out += results_lib.markdown_table(["train size"] + methods, [[n] + [by_carries(m, n) for m in methods] for n in sizes])
   out += "\nPersistence: attention TV from the prior's pattern on the answer rows, start → end (mean over layers and runs):\n\n"
   out += results_lib.persistence_table(results)
   return out

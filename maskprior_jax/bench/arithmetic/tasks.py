@@ -97,6 +97,18 @@ class ArithmeticTask:
                             digits(b, d)[:, ::-1], np.full((len(a), 1), self.equals), ans], 1)
     return seq[:, :-1].astype(np.int32), seq[:, 1:].astype(np.int32)
 
+  def carries(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """Addition: how many places of a + b produce a carry, per pair (N,); None for modadd."""
+    if self.name != "add":
+      return None
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    count, carry = np.zeros(len(a), np.int64), np.zeros(len(a), np.int64)
+    for place in range(self.digits):
+      carry = ((a // 10 ** place) % 10 + (b // 10 ** place) % 10 + carry) >= 10
+      count += carry
+      carry = carry.astype(np.int64)
+    return count
+
   def prior_pattern(self, *, inside: float = 0.0, outside: float = -4.0, kind: str = "window",
                     decay: float = 1.0) -> np.ndarray:
     """(input_len, input_len) logit bias from the task's structure (never from operand values).
