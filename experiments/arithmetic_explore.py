@@ -67,7 +67,8 @@ def variants(args, seeds, root):
   table, lines = {}, []
   for name, overrides in protocol.VARIANTS.items():
     res = _run(root / f"variant_{name}", ["mask"], protocol.VARIANT_SIZES, seeds, overrides + [
-        f"--config.train.steps={args.steps}", f"--config.train.weight_decay={args.weight_decay}"])
+        f"--config.train.steps={args.steps}", f"--config.train.weight_decay={args.weight_decay}",
+        "--config.eval.every_steps=500", "--config.checkpoint.every_steps=1000"])
     table[name] = {n: [r["exact_match"] for r in sorted(res["runs"], key=lambda r: r["seed"])
                        if r["method"] == "mask" and r["train_size"] == n] for n in protocol.VARIANT_SIZES}
     lines.append(f"| {name} | " + " | ".join(_per_seed(table[name][n]) for n in protocol.VARIANT_SIZES) + " |")
