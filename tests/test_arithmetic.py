@@ -90,6 +90,10 @@ def test_short_end_to_end_run(tmp_path):
     assert {"method", "seed", "train_size", "exact_match", "digit_accuracy", "steps_to_99_train"} <= set(r)
     assert 0 <= r["exact_match"] <= r["digit_accuracy"] <= 1
     assert len(r["persistence"]) == 3
+    assert len(r["exact_by_carries"]) == 3   # 2 digits: 0, 1 or 2 carries
+  assert sum(res["test_carries"]) == 300
+  table = (work / "table.md").read_text()
+  assert "Per seed (seeds 0, 1)" in table and "by carries in the pair" in table
   mask = [r for r in res["runs"] if r["method"] == "mask"]
   assert all(r["persistence"][-1]["mask_drift"] > 0 for r in mask)
   for f in ("table.md", "exact_match_vs_train_size.png", "persistence.png", "metrics.jsonl"):

@@ -267,9 +267,9 @@ CONFIG_HELP = """config overrides:
 
 
 def _common(p: argparse.ArgumentParser, workdir: str, seeds: str = "3",
-            methods: str = "vanilla, mimetic, qk, mask") -> None:
-  p.add_argument("--methods", default="vanilla,mimetic,qk,mask",
-                 help=f"comma-separated, from {methods} (default: %(default)s)")
+            methods: str = "vanilla,mimetic,qk,mask") -> None:
+  p.add_argument("--methods", default=methods,
+                 help=f"comma-separated, from {methods.replace(',', ', ')} (default: %(default)s)")
   p.add_argument("--seeds", default=seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C "
                  "(default: %(default)s)")
   p.add_argument("--workdir", default=workdir, help="run folder; a rerun continues there (default: %(default)s)")
@@ -305,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
   a.add_argument("--task", choices=("add", "modadd"), help="default: the config's (add)")
   a.add_argument("--digits", type=int, help="operand digits for add (default: the config's, 3)")
   a.add_argument("--train-sizes", help="comma-separated training-set sizes (default: the config's, "
-                 "250,500,1000,2000,5000)")
-  _common(a, "runs/arithmetic", methods="vanilla, mimetic, qk, mask, coupling, mask_coupling")
+                 "250,500)")
+  _common(a, "runs/arithmetic", seeds="0-4", methods="vanilla,mimetic,qk,mask,coupling,mask_coupling")
   a.set_defaults(fn=cmd_arithmetic)
   v = sub.add_parser("vision", help="ViT classification with a 2-D locality prior", epilog=CONFIG_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
