@@ -226,6 +226,12 @@ def table(results: dict) -> str:
   out += "\nPer seed (seeds " + ", ".join(str(s) for s in sorted({r["seed"] for r in results["runs"]})) + "):\n\n"
   out += results_lib.markdown_table(["train size"] + methods,
                                    [[n] + [", ".join(bypick(m, n)) or "-" for m in methods] for n in sizes])
+  fits = lambda m, n: [f"{r['final_train_exact']:.2f}" for r in sorted(results["runs"], key=lambda r: r["seed"])
+                       if r["method"] == m and r["train_size"] == n]
+  out += ("\nTraining-set exact match at the end, per seed (below 0.99: the run no longer fits its "
+          "training set, e.g. after a loss spike):\n\n")
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [", ".join(fits(m, n)) or "-" for m in methods] for n in sizes])
   out += claim_line(results)
   out += "\nDigit accuracy (greedy decoding):\n\n"
   out += results_lib.markdown_table(["train size"] + methods,
