@@ -17,7 +17,7 @@ import pathlib
 import numpy as np
 
 from maskprior_jax.bench.arithmetic import protocol
-from maskprior_jax.bench.cli import parse_seeds
+from maskprior_jax.bench.cli import UsageError, exploration_seeds
 from maskprior_jax.bench import cli
 
 
@@ -90,9 +90,10 @@ def main():
   p.add_argument("--weight-decay", type=float, default=protocol.CURRENT_BUDGET["weight_decay"],
                  help="variants: (default: %(default)s)")
   args = p.parse_args()
-  seeds = parse_seeds(args.seeds)
-  if set(seeds) & set(protocol.CONFIRMATION_SEEDS):
-    raise SystemExit(f"exploration may not use the confirmation seeds {protocol.CONFIRMATION_SEEDS}")
+  try:
+    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
+  except UsageError as e:
+    raise SystemExit(str(e)) from None
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
   (budget if args.part == "budget" else variants)(args, seeds, root)

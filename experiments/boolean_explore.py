@@ -16,7 +16,7 @@ import numpy as np
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.cli import parse_seeds
+from maskprior_jax.bench.cli import UsageError, exploration_seeds
 from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
@@ -48,9 +48,10 @@ def main():
   p.add_argument("--variants", default=",".join(protocol.VARIANTS), help="(default: all)")
   p.add_argument("--reference", default="vanilla", help="a method run once per task for reference ('' for none)")
   args = p.parse_args()
-  seeds = parse_seeds(args.seeds)
-  if set(seeds) & set(protocol.CONFIRMATION_SEEDS):
-    raise SystemExit(f"exploration may not use the confirmation seeds {protocol.CONFIRMATION_SEEDS}")
+  try:
+    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
+  except UsageError as e:
+    raise SystemExit(str(e)) from None
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
   tasks = list(protocol.EXPLORATION_TASKS)

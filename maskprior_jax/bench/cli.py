@@ -52,6 +52,15 @@ def parse_seeds(text: str) -> list[int]:
   return seeds
 
 
+def exploration_seeds(text: str, confirmation_seeds) -> list[int]:
+  """--seeds of an exploration script: parsed as `parse_seeds`, and refused if any is a
+  confirmation seed (those are run once, for the headline)."""
+  seeds = parse_seeds(text)
+  if set(seeds) & set(confirmation_seeds):
+    raise UsageError(f"exploration may not use the confirmation seeds {tuple(confirmation_seeds)}")
+  return seeds
+
+
 def _config(args, name: str):
   cfg = load_config_file(args.config) if args.config else builtin_config(name)
   cfg = apply_overrides(cfg, args.overrides)
@@ -121,8 +130,8 @@ def cmd_boolean(args) -> int:
   _check_workdir(workdir, record, args.fresh)
   if tasks is None:
     boolean_run.run_headline(cfg, methods, seeds, workdir)
-    from maskprior_jax.bench.results import main_process
-    if main_process():
+    from maskprior_jax.distributed import is_main_process
+    if is_main_process():
       print((workdir / "summary.md").read_text())
   else:
     from maskprior_jax.bench.results import RunProgress

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from maskprior_jax.distributed import is_main_process
+
 BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
 
 
@@ -40,15 +42,10 @@ class RunRecord:
             "state_sha256": self.state_sha256, **self.info}
 
 
-def main_process() -> bool:
-  """Whether this process writes files and prints progress (process 0 of a multi-process run)."""
-  return jax.process_index() == 0
-
-
 def write_json(path: pathlib.Path, obj: Any) -> None:
   """Write atomically (temp file + rename), so an interrupted write never leaves half a file.
   Only process 0 writes."""
-  if not main_process():
+  if not is_main_process():
     return
   path = pathlib.Path(path)
   tmp = path.with_suffix(path.suffix + ".tmp")
@@ -128,7 +125,7 @@ def environment() -> dict:
 
 def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
   """Rewrite a JSON-lines file atomically (one row per line); only process 0 writes."""
-  if not main_process():
+  if not is_main_process():
     return
   path = pathlib.Path(path)
   tmp = path.with_suffix(path.suffix + ".tmp")
@@ -144,7 +141,7 @@ class TensorBoardLog:
     self.logdir, self.writer = pathlib.Path(logdir), None
 
   def __call__(self, step: int, row: dict) -> None:
-    if not main_process():
+    if not is_main_process():
       return
     if self.writer is None:
       from tensorboardX import SummaryWriter
@@ -257,7 +254,7 @@ class RunProgress:
 
   def done(self) -> None:
     self.trained += 1
-    if not main_process():
+    if not is_main_process():
       return
     elapsed = time.perf_counter() - self.t0
     left = self.total - self.trained - self.skipped

@@ -228,7 +228,7 @@ def table(results: dict) -> str:
 
 
 def write_report(results: dict, workdir: pathlib.Path) -> None:
-  if not results_lib.main_process():   # process 0 writes the report
+  if not results_lib.is_main_process():   # process 0 writes the report
     return
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(table(results))

@@ -336,7 +336,7 @@ def degree_table(results: dict) -> str:
 
 
 def write_task_report(results: dict, workdir: pathlib.Path) -> None:
-  if not results_lib.main_process():   # process 0 writes the report
+  if not results_lib.is_main_process():   # process 0 writes the report
     return
   workdir = pathlib.Path(workdir)
   (workdir / "table.md").write_text(task_table(results))
@@ -421,7 +421,7 @@ def headline_table(all_results: Sequence[dict]) -> str:
 
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
-  if not results_lib.main_process():   # process 0 writes the report
+  if not results_lib.is_main_process():   # process 0 writes the report
     return
   (workdir / "summary.md").write_text(headline_table(all_results))
   methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
