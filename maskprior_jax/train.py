@@ -69,10 +69,46 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None):
+GRAD_REDUCTIONS = ("xla", "ordered")
+
+
+def _ordered_value_and_grad(loss_fn: LossFn, mesh: Mesh):
+  """`value_and_grad(loss_fn)` over a batch split on the mesh's "data" axis, reduced in a fixed
+  order: each device differentiates the loss of its own rows (rng folded with its shard index),
+  every device's (loss, metrics, grads) is all-gathered (a copy, exact) and summed shard 0, 1,
+  ... in that order on every device, then divided by the shard count. The float32 result then
+  depends only on the number of shards, not on how the devices are spread over processes (an
+  all-reduce may sum in another order over another transport). Equals the global-batch mean for
+  a loss that is a mean over examples with equal shards; metrics are averaged over shards."""
+  n = mesh.shape["data"]
+  split_spec = NamedSharding(mesh, P("data"))
+  per_shard = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True), in_axes=(None, 0, 0))
+
+  def fixed_mean(a):
+    total = a[0]
+    for i in range(1, n):
+      total = total + a[i]
+    return total / jnp.asarray(n, a.dtype) if jnp.issubdtype(a.dtype, jnp.inexact) else total // n
+
+  def value_and_grad(variables, batch, rng):
+    def split(a):
+      if a.shape[0] % n:
+        raise ValueError(f"grad_reduction='ordered': batch size {a.shape[0]} must divide by the {n} devices")
+      return a.reshape(n, a.shape[0] // n, *a.shape[1:])
+    shards = jax.lax.with_sharding_constraint(jax.tree.map(split, batch), split_spec)
+    keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(n))
+    out = per_shard(variables, shards, keys)
+    out = jax.lax.with_sharding_constraint(out, replicated(mesh))   # every shard's result on every device
+    return jax.tree.map(fixed_mean, out)
+  return value_and_grad
+
+
+def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None, value_and_grad=None):
+  value_and_grad = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
+
   def step(state: TrainState, batch):
     rng, sub = jax.random.split(jax.random.wrap_key_data(state.rng))
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.variables, batch, sub)
+    (loss, metrics), grads = value_and_grad(state.variables, batch, sub)
     metrics = dict(metrics)
     updated = metrics.pop(UPDATED_COLLECTIONS, {})
     if grad_reduce is not None:
@@ -112,7 +148,7 @@ def fsdp_sharding(tree, mesh: Mesh, *, min_size: int = 1 << 14, axis_name: str =
 
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: Mesh | None = None,
                     seed_axis: bool = False, steps_per_call: int = 1, donate: bool = True,
-                    state_sharding=None):
+                    state_sharding=None, grad_reduction: str = "xla"):
   """A jitted `step(state, batch) -> (state, metrics)`.
 
   seed_axis: state and batch carry a leading seed axis; the step is vmapped over it, so S
@@ -122,8 +158,12 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
   mesh: batches are sharded over its "data" axis and the state replicated, or sharded as
     `state_sharding` says (e.g. `fsdp_sharding(state, mesh)` for large models: XLA gathers
     each weight where it is used and reduce-scatters its gradient).
+  grad_reduction: "xla" (XLA's all-reduce of the gradient) or "ordered" (with a mesh: each
+    device's gradient gathered and summed in a fixed order, so the state is bit for bit the
+    same however the mesh's devices are spread over processes; costs a gather of every
+    device's gradient, so not with a sharded state; see `_ordered_value_and_grad`).
   """
-  step = _step_fn(loss_fn, tx)
+  step = _step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction, state_sharding))
   if seed_axis:
     step = jax.vmap(step)
   if steps_per_call > 1:
@@ -140,10 +180,20 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
 
 
+def _value_and_grad(loss_fn: LossFn, mesh: Mesh | None, grad_reduction: str, state_sharding):
+  if grad_reduction not in GRAD_REDUCTIONS:
+    raise ValueError(f"grad_reduction must be {' or '.join(GRAD_REDUCTIONS)}, not {grad_reduction!r}")
+  if grad_reduction == "xla" or mesh is None:
+    return None
+  if state_sharding is not None:
+    raise ValueError("grad_reduction='ordered' gathers every device's gradient: not with a sharded (FSDP) state")
+  return _ordered_value_and_grad(loss_fn, mesh)
+
+
 def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
                                device_batch_fn: Callable[[jax.Array, jax.Array], Any], num_runs: int, *,
                                steps_per_call: int = 1, mesh: Mesh | None = None, state_sharding=None,
-                               donate: bool = True):
+                               donate: bool = True, grad_reduction: str = "xla"):
   """A jitted `step(state, first_step) -> (state, metrics)` that draws its own batches on the
   device: `device_batch_fn(step, run)` (traced; int32 scalars) returns run `run`'s batch for
   training step `step`, a pure function of the two (e.g. indices drawn with a key folded from
@@ -152,8 +202,10 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   a leading run axis of `num_runs` (as `make_train_step(seed_axis=True)`); each call runs
   `steps_per_call` steps (metrics stacked on a leading step axis). With a `mesh`, every run's
   batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
-  partitionable threefry gives the same numbers whatever the sharding)."""
-  step = jax.vmap(_step_fn(loss_fn, tx))
+  partitionable threefry gives the same numbers whatever the sharding). `grad_reduction` as in
+  `make_train_step`."""
+  step = jax.vmap(_step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction,
+                                                                       state_sharding)))
   runs = jnp.arange(num_runs, dtype=jnp.int32)
 
   def one(state, i):
@@ -231,7 +283,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
                 seeds: Sequence[int], batch_fn: Callable[[int, Sequence[int]], Any], steps: int,
                 steps_per_call: int, eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
                 log_every: int = 250, checkpointer=None, checkpoint_every: int = 0, mesh: Mesh | None = None,
-                fsdp: bool = False, device_batch_fn=None) -> tuple[TrainState, list[dict]]:
+                fsdp: bool = False, device_batch_fn=None, grad_reduction: str = "xla"
+                ) -> tuple[TrainState, list[dict]]:
   """The training loop: one run per seed, all seeds in a single vmapped program.
 
   batch_fn(step, seeds) -> batch with a leading seed axis (a function of seed and step, so a
@@ -241,7 +294,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   seed's batch is split over the mesh's "data" axis (data parallel, the state replicated); the
   batch size must divide by its size. Each process then feeds only its rows of the global
   batch (`distributed.process_slice`). With `fsdp` as well, large state leaves are split over
-  the mesh (`fsdp_sharding`).
+  the mesh (`fsdp_sharding`). `grad_reduction="ordered"` sums the devices' gradients in a fixed
+  order (see `make_train_step`).
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
   `eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`), the
@@ -261,10 +315,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and fsdp) else None
   if device_batch_fn is not None:
     step_fn = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
-                                         mesh=mesh, state_sharding=state_sharding)
+                                         mesh=mesh, state_sharding=state_sharding, grad_reduction=grad_reduction)
   else:
     step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
-                              state_sharding=state_sharding)
+                              state_sharding=state_sharding, grad_reduction=grad_reduction)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
 
   def place(batch):

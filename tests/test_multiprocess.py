@@ -1,7 +1,8 @@
 """Whole benchmark runs over several processes (JAX's distributed runtime on localhost, CPU
 collectives over gloo): `maskprior boolean` data parallel in 2 processes x 2 devices against
-1 process x 4 devices, and a two-process run killed mid-run then resumed by rerunning the same
-commands. Slow (several two-process runs): `pytest -m slow tests/test_multiprocess.py`."""
+1 process x 4 devices, with either gradient reduction (XLA's all-reduce: equal within float32
+rounding; "ordered": bit for bit), and a two-process run killed mid-run then resumed by
+rerunning the same commands. Slow (several two-process runs): `pytest -m slow tests/test_multiprocess.py`."""
 import json
 import os
 import pathlib
@@ -21,10 +22,11 @@ ARGS = ["boolean", "--task", "f2", "--methods", "vanilla,mask", "--seeds", "2", 
         f"--config.train.steps={STEPS}", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
         "--config.checkpoint.every_steps=50", "--config.checkpoint.max_to_keep=3",
         "--config.eval.num_points=512", "--config.eval.probe_size=32"]
-# One and two processes reduce the gradient over the 4 devices in different orders (in-process
-# sum vs gloo all-reduce), so their float32 states differ by rounding: each step can differ by a
-# few units of float32 rounding (2^-23 relative), and such differences grow at most about
-# linearly over these few steps; 10x that bound is the tolerance.
+# With XLA's all-reduce, one and two processes reduce the gradient over the 4 devices in
+# different orders (in-process sum vs gloo all-reduce), so their float32 states differ by
+# rounding: each step can differ by a few units of float32 rounding (2^-23 relative), and such
+# differences grow at most about linearly over these few steps; 10x that bound is the tolerance.
+# With train.grad_reduction=ordered the sum's order is fixed, and the runs must agree bit for bit.
 RTOL = 10 * STEPS * 2.0 ** -23
 
 
@@ -38,13 +40,14 @@ def _env(devices):
   return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
-def _cmd(workdir, extra=()):
-  return [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, "--workdir", str(workdir), *extra]
+def _cmd(workdir, extra=(), reduction="xla"):
+  return [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, f"--config.train.grad_reduction={reduction}",
+          "--workdir", str(workdir), *extra]
 
 
-def _two(workdir, port):
+def _two(workdir, port, reduction="xla"):
   return [subprocess.Popen(_cmd(workdir, ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-                                          "--process_id", str(i)]),
+                                          "--process_id", str(i)], reduction),
                            env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
@@ -64,26 +67,36 @@ def _numbers(res):
   return np.array([[r[k] for k in keys] for r in sorted(res["runs"], key=lambda r: (r["method"], r["seed"]))])
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-  work = tmp_path_factory.mktemp("one")
-  subprocess.run(_cmd(work), env=_env(4), check=True, capture_output=True, timeout=900)
-  return _results(work)
+_RUNS = {}
 
 
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-  work = tmp_path_factory.mktemp("two")
-  outs = _finish(_two(work, _port()))
-  return work, outs
+def _one_process(tmp_path_factory, reduction):
+  if ("one", reduction) not in _RUNS:
+    work = tmp_path_factory.mktemp(f"one_{reduction}")
+    subprocess.run(_cmd(work, reduction=reduction), env=_env(4), check=True, capture_output=True, timeout=900)
+    _RUNS["one", reduction] = _results(work)
+  return _RUNS["one", reduction]
 
 
-def test_two_processes_equal_one_process(one_process, two_processes):
-  work, outs = two_processes
+def _two_processes(tmp_path_factory, reduction):
+  if ("two", reduction) not in _RUNS:
+    work = tmp_path_factory.mktemp(f"two_{reduction}")
+    _RUNS["two", reduction] = work, _finish(_two(work, _port(), reduction))
+  return _RUNS["two", reduction]
+
+
+@pytest.mark.parametrize("reduction", ["xla", "ordered"])
+def test_two_processes_equal_one_process(tmp_path_factory, reduction):
+  one_process = _one_process(tmp_path_factory, reduction)
+  work, outs = _two_processes(tmp_path_factory, reduction)
   res = _results(work)
   assert len(res["environment"]["devices"]) == len(one_process["environment"]["devices"]) == 4
   assert (res["environment"]["processes"], one_process["environment"]["processes"]) == (2, 1)
   assert [(r["method"], r["seed"]) for r in res["runs"]] == [(r["method"], r["seed"]) for r in one_process["runs"]]
+  if reduction == "ordered":
+    # The same float32 sums in the same order: every number, curve and state equal bit for bit.
+    assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
+    assert res["runs"] == one_process["runs"] and res["curves"] == one_process["curves"]
   np.testing.assert_allclose(_numbers(res), _numbers(one_process), rtol=RTOL)
   for a, b in zip(res["curves"]["mask"]["unseen_mse_true"], one_process["curves"]["mask"]["unseen_mse_true"]):
     np.testing.assert_allclose(a, b, rtol=RTOL)
@@ -93,8 +106,8 @@ def test_two_processes_equal_one_process(one_process, two_processes):
   assert {p.name for p in work.iterdir()} >= {"results.json", "table.md", "run_config.json", "checkpoints"}
 
 
-def test_killed_two_process_run_resumes_to_the_same_state(two_processes, tmp_path):
-  work, _ = two_processes
+def test_killed_two_process_run_resumes_to_the_same_state(tmp_path_factory, tmp_path):
+  work, _ = _two_processes(tmp_path_factory, "xla")
   ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
   procs = _two(tmp_path, _port())
   deadline = time.time() + 600

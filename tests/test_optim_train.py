@@ -122,6 +122,36 @@ def test_data_parallel_step_equals_single_device():
 
 
 @x64()
+def test_ordered_reduction_step_equals_single_device_and_reduces_by_gather():
+  """grad_reduction="ordered": each device's gradient gathered and summed in shard order (so the
+  state does not depend on how the devices are spread over processes) is the single-device step,
+  with and without a seed axis; the compiled program reduces by an all-gather, not an all-reduce."""
+  model = _model()
+  tx = mp.mask_prior_optimizer(0.1, name="sgd")
+  batches = [_batch(i, 32) for i in range(3)]
+  single, m1 = _run_single(model, tx, batches, f64=True)
+  mesh = train.data_mesh()
+  step = train.make_train_step(_loss_fn(model), tx, mesh=mesh, grad_reduction="ordered", donate=False)
+  state = jax.device_put(_state(model, tx, f64=True), train.replicated(mesh))
+  hlo = step.lower(state, jax.device_put(batches[0], train.batch_sharding(mesh))).compile().as_text()
+  assert "all-gather" in hlo and "all-reduce" not in hlo
+  for b in batches:
+    state, m8 = step(state, jax.device_put(b, train.batch_sharding(mesh)))
+  np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  seeded = train.make_train_step(_loss_fn(model), tx, mesh=mesh, seed_axis=True, grad_reduction="ordered")
+  stacked = jax.device_put(train.stack_trees([_state(model, tx, f64=True)] * 2), train.replicated(mesh))
+  for b in batches:
+    stacked, _ = seeded(stacked, jax.device_put(train.stack_trees([b, b]), train.batch_sharding(mesh, 1)))
+  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(stacked.variables)):
+    np.testing.assert_allclose(a, np.asarray(b)[1], rtol=1e-4, atol=1e-6)
+  with np.testing.assert_raises_regex(ValueError, "not with a sharded"):
+    train.make_train_step(_loss_fn(model), tx, mesh=mesh, grad_reduction="ordered",
+                          state_sharding=train.fsdp_sharding(state, mesh))
+
+
+@x64()
 def test_pmap_step_equals_single_device():
   """The legacy pmap step equals the single-device step."""
   model = _model()

@@ -137,6 +137,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
     choices["model.attention"] = ATTENTION
   if "batches" in cfg.get("train", {}):
     choices["train.batches"] = ("host", "device")
+  if "grad_reduction" in cfg.get("train", {}):
+    choices["train.grad_reduction"] = ("xla", "ordered")
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
       raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
@@ -156,6 +158,8 @@ def check_data_parallel(cfg: ml_collections.ConfigDict) -> None:
   """train.data_parallel splits each batch over all devices: the batch must divide evenly."""
   if cfg.train.get("fsdp", False) and not cfg.train.get("data_parallel", False):
     raise ConfigError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
+  if cfg.train.get("fsdp", False) and cfg.train.get("grad_reduction", "xla") == "ordered":
+    raise ConfigError("train.grad_reduction=ordered gathers every device's gradient: not with train.fsdp=true")
   if cfg.train.get("data_parallel", False):
     import jax
     n = jax.device_count()

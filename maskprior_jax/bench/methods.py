@@ -118,7 +118,7 @@ def train_method(*, method: str, model, tx, cfg, seeds: Sequence[int], sample_in
         batch_fn=batch_fn, steps=cfg.train.steps, steps_per_call=cfg.train.steps_per_call,
         eval_every=cfg.eval.every_steps, eval_fn=eval_fn, label=label,
         checkpointer=checkpointer, checkpoint_every=cfg.checkpoint.every_steps, mesh=mesh,
-        fsdp=cfg.train.get("fsdp", False),
+        fsdp=cfg.train.get("fsdp", False), grad_reduction=cfg.train.get("grad_reduction", "xla"),
         device_batch_fn=device_batch_fn if cfg.train.get("batches", "host") == "device" else None)
   finally:
     if checkpointer is not None:

@@ -34,9 +34,12 @@ def get_config() -> ml_collections.ConfigDict:
   # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
   # batches: "host" (numpy, the committed results' batches) or "device" (drawn inside the
   # compiled step from the training set held on the device; no host work per call).
+  # grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every device's
+  # gradient gathered and summed in a fixed order: bit for bit the same state however the
+  # devices are spread over processes; not with fsdp).
   c.train = dict(steps=6000, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=1.0,
                  steps_per_call=50, data_parallel=False,
-                 batches="host")
+                 batches="host", grad_reduction="xla")
   c.eval = dict(every_steps=250, train_eval_size=250, probe_size=128)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)

@@ -31,9 +31,12 @@ def get_config() -> ml_collections.ConfigDict:
   # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
   # batches: "host" (numpy, the committed results' batches) or "device" (drawn inside the
   # compiled step from the training set held on the device; no host work per call).
+  # grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every device's
+  # gradient gathered and summed in a fixed order: bit for bit the same state however the
+  # devices are spread over processes; not with fsdp).
   c.train = dict(steps=2000, batch_size=64, learning_rate=3e-4, learning_rate_by_task="",
                  optimizer="adam", weight_decay=0.0, steps_per_call=50, data_parallel=False,
-                 batches="host")
+                 batches="host", grad_reduction="xla")
   # fit_threshold: a run counts as fitting the seen domain when its seen MSE is at most this share
   # of f's variance on the seen domain; tables report only fitted runs' extrapolation.
   c.eval = dict(every_steps=250, num_points=4096, probe_size=256, full_cube_max_n=18, fit_threshold=0.01)

@@ -19,8 +19,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.prior = dict(kind="distance", outside=-4.0, mode="learned", mask_lr_multiplier=1.0)
   # data_parallel: split every seed's batch over all devices (a mesh over jax.devices());
   # fsdp: also split large weights and optimizer state over them (with data_parallel).
+  # grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every device's
+  # gradient gathered and summed in a fixed order: bit for bit the same state however the
+  # devices are spread over processes; not with fsdp).
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.05,
-                 steps_per_call=50, data_parallel=False, fsdp=False)
+                 steps_per_call=50, data_parallel=False, fsdp=False, grad_reduction="xla")
   c.eval = dict(every_steps=250, probe_size=64, max_test=10000)
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
