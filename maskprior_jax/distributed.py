@@ -48,6 +48,22 @@ def process_slice(global_batch_size: int) -> slice:
   return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
 
 
+def process_part() -> tuple[int, int]:
+  """(this process's index, number of processes): the `part` a host batch function builds."""
+  return jax.process_index(), jax.process_count()
+
+
+def take_part(rows, part: tuple[int, int] = (0, 1)):
+  """Share i of n equal contiguous shares of `rows` (along the first axis), part = (i, n):
+  what process i of n feeds of a global batch whose rows are `rows` (the same rows as
+  `process_slice` in that process)."""
+  i, n = part
+  if len(rows) % n:
+    raise ValueError(f"global batch {len(rows)} is not divisible by {n} processes")
+  per = len(rows) // n
+  return rows[i * per:(i + 1) * per]
+
+
 def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
   """Assemble per-process rows into one global array per leaf, sharded over "data"."""
   sharding = train.batch_sharding(mesh, batch_axis)

@@ -12,6 +12,7 @@ optimizer of `maskprior_jax.optim` never changes them itself).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -288,7 +289,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   """The training loop: one run per seed, all seeds in a single vmapped program.
 
   batch_fn(step, seeds) -> batch with a leading seed axis (a function of seed and step, so a
-  resumed run sees the batches it would have seen), built on the host; or, with
+  resumed run sees the batches it would have seen), built on the host. A batch_fn that takes a
+  `part` keyword, `batch_fn(step, seeds, part=(i, n))`, builds only share i of n of every
+  seed's rows (`distributed.take_part`): with a mesh each process then builds only its own rows
+  (otherwise the global batch is built and the process's rows sliced out). Or, with
   `device_batch_fn(step, run)` instead (run = index into `seeds`), batches drawn inside the
   compiled step (`make_generating_train_step`) and `batch_fn` unused. With a `mesh` (see `data_mesh`), every
   seed's batch is split over the mesh's "data" axis (data parallel, the state replicated); the
@@ -320,13 +324,20 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
                               state_sharding=state_sharding, grad_reduction=grad_reduction)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
+  builds_part = mesh is not None and "part" in inspect.signature(batch_fn).parameters
+
+  def host_batch(step):
+    if builds_part:
+      from maskprior_jax import distributed
+      return batch_fn(step, seeds, part=distributed.process_part())   # this process's rows only
+    return batch_fn(step, seeds)
 
   def place(batch):
     if mesh is None:
       return batch
     from maskprior_jax import distributed
-    local = jax.tree.map(lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)],
-                         batch)
+    local = batch if builds_part else jax.tree.map(
+        lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)], batch)
     return distributed.global_batch(local, mesh, lead)
   done, history = 0, None
   if mesh is not None:
@@ -365,7 +376,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         if device_batch_fn is not None:
           states, metrics = step_fn(states, np.int32(done))
         else:
-          chunk = [batch_fn(done + j, seeds) for j in range(steps_per_call)]
+          chunk = [host_batch(done + j) for j in range(steps_per_call)]
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
           states, metrics = step_fn(states, place(batch))
         done += steps_per_call

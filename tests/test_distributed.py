@@ -37,3 +37,16 @@ def test_two_processes_agree_with_one(tmp_path):
   np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5)
   for x, y in zip(a["leaves"], b["leaves"]):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
+
+
+def test_take_part_shares_cover_the_batch_in_order():
+  """Host batch functions build share i of n of a global batch's rows (each process its own);
+  the shares, in process order, are the whole batch, and a batch that does not divide is refused."""
+  from maskprior_jax import distributed
+  rows = np.arange(12) * 10
+  for n in (1, 2, 3, 4):
+    parts = [distributed.take_part(rows, (i, n)) for i in range(n)]
+    assert np.concatenate(parts).tolist() == rows.tolist()
+  assert distributed.take_part(rows).tolist() == rows[distributed.process_slice(12)].tolist()
+  with np.testing.assert_raises_regex(ValueError, "not divisible by 5 processes"):
+    distributed.take_part(rows, (0, 5))

@@ -358,3 +358,22 @@ def test_device_batches_resume_bit_for_bit(tmp_path):
   assert [h["step"] for h in history] == [0, 2, 4, 6, 8]
   for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_loop_asks_a_part_taking_batch_fn_for_this_process_rows_only_with_a_mesh():
+  """train_seeds hands `part=(process, processes)` to a host batch_fn that takes it (so each
+  process builds only its rows) when data parallel, and calls plain batch functions as before."""
+  model = _model()
+  tx = mp.mask_prior_optimizer(0.02, name="sgd")
+  variables = [model.init(jax.random.key(0), jnp.zeros((1, 6), jnp.int32))]
+  calls = []
+
+  def batch_fn(step, seeds_, part=None):
+    calls.append(part)
+    return train.stack_trees([_batch(step, 32)])
+  for mesh in (None, train.data_mesh()):
+    calls.clear()
+    train.train_seeds(loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0], batch_fn=batch_fn, steps=2,
+                      steps_per_call=1, eval_every=2, eval_fn=lambda step, v: {"n": jnp.zeros(1)}, label="p",
+                      mesh=mesh)
+    assert calls == ([None, None] if mesh is None else [(0, 1), (0, 1)])

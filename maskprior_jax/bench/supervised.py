@@ -27,6 +27,7 @@ from maskprior_jax.bench import methods as methods_lib
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.config import config_digest
 from maskprior_jax import train
+from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
@@ -115,17 +116,17 @@ def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], see
   bs, L = cfg.train.batch_size, pb.seq
   is_lm = pb.task == "lm"
 
-  def batch_fn(step, seeds_):
+  def batch_fn(step, seeds_, part=(0, 1)):   # part: (i, n), share i of n of the rows (see train_seeds)
     out = []
     for s in seeds_:
       rng = np.random.default_rng([s, step])
       if is_lm:
-        starts = rng.integers(0, len(pb.train_text) - L - 1, bs)
+        starts = take_part(rng.integers(0, len(pb.train_text) - L - 1, bs), part)
         idx = starts[:, None] + np.arange(L + 1)[None]
         win = pb.train_text[idx]
         out.append({"x": win[:, :-1], "y": win[:, 1:]})
       else:
-        idx = rng.integers(0, len(pb.train_x), bs)
+        idx = take_part(rng.integers(0, len(pb.train_x), bs), part)
         b = {"x": pb.train_x[idx], "y": pb.train_y[idx]}
         if pb.train_mask is not None:
           b["mask"] = pb.train_mask[idx]

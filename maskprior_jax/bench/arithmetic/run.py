@@ -23,6 +23,7 @@ from maskprior_jax.bench import methods as methods_lib
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.arithmetic import tasks as arithmetic
 from maskprior_jax.bench.config import ConfigError, check, config_digest
+from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
@@ -125,11 +126,11 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
     run_data = {"x": np.stack([train_xy[s][0][:n_eval] for _, s in runs]),
                 "y": np.stack([train_xy[s][1][:n_eval] for _, s in runs])}
 
-    def batch_fn(step, run_ids, runs=runs):
+    def batch_fn(step, run_ids, runs=runs, part=(0, 1)):   # part: share of the rows (see train_seeds)
       xs, ys = [], []
       for r in run_ids:
         n, s = runs[r]
-        idx = np.random.default_rng([s, n, step]).integers(0, n, bs)
+        idx = take_part(np.random.default_rng([s, n, step]).integers(0, n, bs), part)
         xs.append(train_xy[s][0][idx])
         ys.append(train_xy[s][1][idx])
       return {"x": np.stack(xs), "y": np.stack(ys)}

@@ -22,6 +22,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import mechanism
 from maskprior_jax.bench.boolean import tasks as boolean
 from maskprior_jax.bench.config import ConfigError, check, config_digest
+from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
@@ -190,8 +191,9 @@ def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequen
       pred = model.apply(v, batch["x"])
       return jnp.mean((pred - batch["y"]) ** 2), {}
 
-    def batch_fn(step, seeds):
-      idx = np.stack([np.random.default_rng([s, step]).integers(0, len(seen_ids), bs) for s in seeds])
+    def batch_fn(step, seeds, part=(0, 1)):   # part: (i, n), share i of n of the rows (see train_seeds)
+      idx = np.stack([take_part(np.random.default_rng([s, step]).integers(0, len(seen_ids), bs), part)
+                      for s in seeds])
       return {"x": seen_ids[idx], "y": seen_f[idx]}
 
     run_seeds = np.asarray(todo, np.int32)
