@@ -106,10 +106,10 @@ def test_two_processes_equal_one_process(tmp_path_factory, reduction):
   assert {p.name for p in work.iterdir()} >= {"results.json", "table.md", "run_config.json", "checkpoints"}
 
 
-def test_killed_two_process_run_resumes_to_the_same_state(tmp_path_factory, tmp_path):
-  work, _ = _two_processes(tmp_path_factory, "xla")
+def _kill_two_after_step_100(tmp_path, reduction="xla"):
+  """Start the two-process run, SIGKILL both processes once a checkpoint at step >= 100 exists."""
   ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
-  procs = _two(tmp_path, _port())
+  procs = _two(tmp_path, _port(), reduction)
   deadline = time.time() + 600
   while time.time() < deadline and all(p.poll() is None for p in procs):
     if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 100 for d in ckpt.iterdir()):
@@ -121,8 +121,28 @@ def test_killed_two_process_run_resumes_to_the_same_state(tmp_path_factory, tmp_
   for p in procs:
     p.communicate(timeout=60)
   assert not (tmp_path / "results.json").exists()
+
+
+def test_killed_two_process_run_resumes_to_the_same_state(tmp_path_factory, tmp_path):
+  work, _ = _two_processes(tmp_path_factory, "xla")
+  _kill_two_after_step_100(tmp_path)
   outs = _finish(_two(tmp_path, _port()))
   assert "resumed from the checkpoint at step" in outs[0][1]
   full, resumed = _results(work), _results(tmp_path)
   assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in full["runs"]]
   assert _numbers(resumed).tolist() == _numbers(full).tolist()
+
+
+def test_ordered_run_killed_in_two_processes_resumes_in_one(tmp_path_factory, tmp_path):
+  """With grad_reduction=ordered the state does not depend on the process layout, so a run
+  killed in 2 processes x 2 devices and resumed by 1 process x 4 devices ends bit for bit where
+  the uninterrupted one-process run ends."""
+  one_process = _one_process(tmp_path_factory, "ordered")
+  _kill_two_after_step_100(tmp_path, "ordered")
+  out = subprocess.run(_cmd(tmp_path, reduction="ordered"), env=_env(4), check=True, capture_output=True,
+                       text=True, timeout=900)
+  assert "resumed from the checkpoint at step" in out.stderr
+  resumed = _results(tmp_path)
+  assert resumed["environment"]["processes"] == 1
+  assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
+  assert resumed["runs"] == one_process["runs"]
