@@ -299,7 +299,8 @@ def test_loop_dispatches_the_next_call_before_the_previous_one_finishes():
 @x64()
 def test_batches_drawn_on_the_device_equal_the_same_batches_fed_from_the_host():
   """make_generating_train_step (batches drawn inside the step from a table on the device) equals
-  make_train_step fed the same batches, with and without a data-parallel mesh."""
+  make_train_step fed the same batches, with and without a data-parallel mesh (either gradient
+  reduction)."""
   model = _model()
   tx = mp.mask_prior_optimizer(1e-2)
   table = {k: np.asarray(v, np.float64 if k == "y" else np.int32) for k, v in _batch(0, 64).items()}
@@ -315,8 +316,9 @@ def test_batches_drawn_on_the_device_equal_the_same_batches_fed_from_the_host():
   for step in range(4):
     batch = jax.vmap(draw, in_axes=(None, 0))(jnp.int32(step), jnp.arange(2, dtype=jnp.int32))
     expected, _ = host_step(expected, jax.device_get(batch))
-  for mesh in (None, train.data_mesh()):
-    gen = train.make_generating_train_step(_loss_fn(model), tx, draw, 2, steps_per_call=2, mesh=mesh, donate=False)
+  for mesh, reduction in ((None, "xla"), (train.data_mesh(), "xla"), (train.data_mesh(), "ordered")):
+    gen = train.make_generating_train_step(_loss_fn(model), tx, draw, 2, steps_per_call=2, mesh=mesh, donate=False,
+                                           grad_reduction=reduction)
     state = fresh() if mesh is None else jax.device_put(fresh(), train.replicated(mesh))
     for first in (0, 2):
       state, metrics = gen(state, np.int32(first))
