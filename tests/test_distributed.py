@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 
@@ -21,6 +22,7 @@ def _env(devices):
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
+@pytest.mark.slow   # two processes; the whole-run form is tests/test_multiprocess.py
 def test_two_processes_agree_with_one(tmp_path):
   ref = tmp_path / "ref.json"
   subprocess.run([sys.executable, str(WORKER), str(ref)], env=_env(4), check=True, timeout=300,

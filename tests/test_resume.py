@@ -65,6 +65,7 @@ def test_kill9_then_resume_is_bit_identical(uninterrupted, tmp_path):
   assert res["curves"] == full["curves"]
 
 
+@pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
   rc, err = _start_and_stop_after(tmp_path, 100, signal.SIGTERM)
   assert rc == 143, err
@@ -76,6 +77,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
   assert _digests(tmp_path)[0] == uninterrupted[0]
 
 
+@pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_truncated_latest_checkpoint_falls_back_to_previous(uninterrupted, tmp_path):
   rc, _ = _start_and_stop_after(tmp_path, 300, signal.SIGKILL)
   steps = _steps(tmp_path)
