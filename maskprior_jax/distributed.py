@@ -41,11 +41,15 @@ def is_main_process() -> bool:
 
 def process_slice(global_batch_size: int) -> slice:
   """This process's rows of a global batch (processes hold equal, contiguous shares)."""
-  n = jax.process_count()
-  if global_batch_size % n:
-    raise ValueError(f"global batch {global_batch_size} is not divisible by {n} processes")
-  per = global_batch_size // n
-  return slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+  return _part_slice(global_batch_size, process_part())
+
+
+def _part_slice(size: int, part: tuple[int, int]) -> slice:
+  i, n = part
+  if size % n:
+    raise ValueError(f"global batch {size} is not divisible by {n} processes")
+  per = size // n
+  return slice(i * per, (i + 1) * per)
 
 
 def process_part() -> tuple[int, int]:
@@ -57,11 +61,7 @@ def take_part(rows, part: tuple[int, int] = (0, 1)):
   """Share i of n equal contiguous shares of `rows` (along the first axis), part = (i, n):
   what process i of n feeds of a global batch whose rows are `rows` (the same rows as
   `process_slice` in that process)."""
-  i, n = part
-  if len(rows) % n:
-    raise ValueError(f"global batch {len(rows)} is not divisible by {n} processes")
-  per = len(rows) // n
-  return rows[i * per:(i + 1) * per]
+  return rows[_part_slice(len(rows), part)]
 
 
 def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:

@@ -138,7 +138,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
   if "batches" in cfg.get("train", {}):
     choices["train.batches"] = ("host", "device")
   if "grad_reduction" in cfg.get("train", {}):
-    choices["train.grad_reduction"] = ("xla", "ordered")
+    from maskprior_jax.train import GRAD_REDUCTIONS
+    choices["train.grad_reduction"] = GRAD_REDUCTIONS
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
       raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
