@@ -77,13 +77,14 @@ which on this task misses the truth by a mean squared error of 64 on the unseen 
 import numpy as np, jax.numpy as jnp, matplotlib.pyplot as plt
 import maskprior_jax as mp
 from maskprior_jax import measure, models, priors, train
-from maskprior_jax.bench.boolean import tasks as boolean
+from maskprior_jax.bench.boolean import algebra, tasks as boolean
+from maskprior_jax.bench.boolean import data as boolean_data
 
 task = boolean.get_task("f3")
-mdi = boolean.minimum_degree_interpolator(task)
+mdi = algebra.minimum_degree_interpolator(task)
 print(f"{task.name}: n = {task.n}, f = {task.target}, seen: {task.seen}")
 print("interaction groups (each monomial's variables):", [list(g) for g in task.groups[:4]], "...")
-print("MDI's unseen MSE against the truth:", boolean.unseen_mse(task, mdi))'''),
+print("MDI's unseen MSE against the truth:", algebra.unseen_mse(task, mdi))'''),
     md("""
 ## The prior: which positions interact
 Token 0 is a CLS token; token i+1 holds bit i. For each monomial's support, one head lets the
@@ -106,7 +107,7 @@ The same small Transformer (dim 64, depth 2, 4 heads), with and without the prio
 `train.make_train_step` is the library's jitted step.
 """),
     code('''
-seen_x = boolean.seen_points(task, np.random.default_rng(0))
+seen_x = boolean_data.seen_points(task, np.random.default_rng(0))
 seen_ids, seen_y = (seen_x > 0).astype(np.int32), task.f(seen_x).astype(np.float32)
 
 def make_model(mask=None):
@@ -138,7 +139,7 @@ part, against the truth and against the MDI. Low error against the MDI and high 
 truth means the model learned the minimum-degree rule.
 """),
     code('''
-cube = boolean.cube(task.n)
+cube = boolean_data.cube(task.n)
 ids, unseen = (cube > 0).astype(np.int32), ~task.is_seen(cube)
 truth, mdi_values = task.f(cube), mdi(cube)
 preds, rows = {}, []
@@ -154,12 +155,12 @@ fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
 names = [r[0] for r in rows]
 axes[0].bar(np.arange(2) - 0.2, [r[2] for r in rows], 0.4, label="vs truth")
 axes[0].bar(np.arange(2) + 0.2, [r[3] for r in rows], 0.4, label="vs MDI")
-axes[0].axhline(boolean.unseen_mse(task, mdi), ls="--", c="gray", lw=1)
+axes[0].axhline(algebra.unseen_mse(task, mdi), ls="--", c="gray", lw=1)
 axes[0].set_xticks(range(2), names); axes[0].set_ylabel("unseen MSE"); axes[0].legend()
 axes[0].set_title("unseen-domain error (dashed: the MDI's error vs truth)")
 series = {"truth": truth, "MDI": mdi_values, **preds}
 for i, (label, values) in enumerate(series.items()):
-    prof = boolean.degree_profile(boolean.walsh_coefficients(values))[:6]
+    prof = algebra.degree_profile(algebra.walsh_coefficients(values))[:6]
     axes[1].bar(np.arange(6) + i * 0.2, prof, 0.2, label=label)
 axes[1].set_xlabel("degree"); axes[1].set_ylabel("Fourier energy"); axes[1].set_title("degree profiles"); axes[1].legend()
 plt.tight_layout(); plt.show()'''),
@@ -210,7 +211,7 @@ Small settings on a CPU runtime; GOTU's model size when a GPU or TPU runtime is 
     code(PARAMS + '''
 import tempfile
 from maskprior_jax.bench import config
-from maskprior_jax.bench.boolean import run as boolean_run
+from maskprior_jax.bench.boolean import report as boolean_report, run as boolean_run
 from maskprior_jax.bench.boolean import tasks as boolean
 
 METHODS = ["vanilla", "mimetic", "qk", "mask"]
@@ -246,7 +247,7 @@ the start and end of training, and the mask's relative change.
 """),
     code('''
 from IPython.display import Image, Markdown, display
-display(Markdown(boolean_run.headline_table(all_results)))
+display(Markdown(boolean_report.headline_table(all_results)))
 display(Image(f"{WORKDIR}/headline.png"))'''),
     md("""
 ## Per task: unseen loss during training, persistence, degree profiles
@@ -257,7 +258,7 @@ the QK prior started near the pattern and drifted away within 250 steps; the mas
     code('''
 import matplotlib.pyplot as plt, matplotlib.image as mpimg
 for name in TASKS:
-    display(Markdown(boolean_run.task_table(next(r for r in all_results if r["task"] == name))))
+    display(Markdown(boolean_report.task_table(next(r for r in all_results if r["task"] == name))))
     fig, axes = plt.subplots(1, 3, figsize=(16, 3.6))
     for ax, plot in zip(axes, ("unseen_loss.png", "persistence.png", "degree_profiles.png")):
         ax.imshow(mpimg.imread(f"{WORKDIR}/{name}/{plot}")); ax.axis("off")
@@ -431,7 +432,7 @@ Colab, so they show the embedded digits, not MNIST.** The LM reads Python's own 
     code(INSTALL),
     code(PARAMS + '''
 import sys, tempfile
-from maskprior_jax.bench import config, supervised
+from maskprior_jax.bench import config, supervised_report
 from maskprior_jax.bench.language import run as language_run
 from maskprior_jax.bench.vision import run as vision_run
 
@@ -466,7 +467,7 @@ offsets. `qk`: query/key weights fitted so the initial attention matches the sam
     code('''
 from IPython.display import Image, Markdown, display
 vision = vision_run.run(vision_cfg, METHODS, SEEDS, f"{WORKDIR}/vision")
-display(Markdown(supervised.table(vision)))
+display(Markdown(supervised_report.table(vision)))
 display(Image(f"{WORKDIR}/vision/test_curve.png")); display(Image(f"{WORKDIR}/vision/persistence.png"))'''),
     md("""
 ## The byte-level LM with a recency prior
@@ -477,7 +478,7 @@ character on held-out text; the dashed line is the unigram entropy a model must 
 lm_steps = steps if SMOKE else ["--config.train.steps=600", "--config.eval.every_steps=100"]
 language_cfg = config.apply_overrides(config.builtin_config("language"), lm_steps)
 language = language_run.run(language_cfg, METHODS, [0], f"{WORKDIR}/language")
-display(Markdown(supervised.table(language)))
+display(Markdown(supervised_report.table(language)))
 display(Image(f"{WORKDIR}/language/test_curve.png")); display(Image(f"{WORKDIR}/language/persistence.png"))'''),
     md("""
 The command-line versions, with 3 seeds and the full CPU budget, are `maskprior vision` and

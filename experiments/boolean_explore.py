@@ -15,6 +15,7 @@ import numpy as np
 
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
+from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
 from maskprior_jax.bench.cli import UsageError, exploration_seeds
 from maskprior_jax.bench.config import apply_overrides, builtin_config
@@ -28,7 +29,7 @@ def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -
   for tname, task in protocol.EXPLORATION_TASKS.items():
     res = boolean_run.run_task(task, cfg, [method], seeds, root / f"{name}_{method}" / tname, log=lambda *a: None)
     runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["seed"])
-    out[tname] = [boolean_run.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"] else None
+    out[tname] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"] else None
                   for r in runs]
   return out
 

@@ -34,7 +34,7 @@ class MaskSettings:
   """How a model's attention layers hold their mask prior (one value, passed down whole).
 
   init: initializer `(key, shape, dtype) -> B` or a plain array (see `MaskPriorAttention`).
-  kind: the bias parameterization (see `mask_shape`).
+  kind: the bias parameterization (see `MASK_LAYOUTS`).
   max_len: offset-table size for kind "relative_1d"; grid: (height, width) for "relative_2d".
   share_layers: one bias for every layer (kind "full" or "shared"), added to each layer's logits.
   """
@@ -56,32 +56,66 @@ class MaskSettings:
                 num_prefix=num_prefix)
 
 
+def _require(value, kind: str, what: str):
+  if value is None:
+    raise ValueError(f"mask_kind={kind!r} needs {what}")
+  return value
+
+
+def _expand_2d(stored, q_len, kv_len, grid, num_prefix):
+  n = grid[0] * grid[1]
+  if q_len != kv_len or q_len != n + num_prefix:
+    raise ValueError(f"relative_2d mask expects {n}+{num_prefix} tokens (grid {grid} plus prefix), got {q_len}x{kv_len}")
+  dense = stored[:, relative_2d_index(grid)]
+  if num_prefix:
+    dense = jnp.pad(dense, ((0, 0), (num_prefix, 0), (num_prefix, 0)))
+  return dense
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskLayout:
+  """How one mask kind is stored and expanded.
+
+  shape(num_heads, q_len, kv_len, max_len, grid): the stored bias's shape;
+  expand(stored, q_len, kv_len, max_len, grid, num_prefix): the dense (heads or 1, q_len, kv_len) bias.
+  """
+  shape: Callable[..., tuple[int, ...]]
+  expand: Callable[..., jax.Array]
+
+
+# The one table of mask kinds: every place that needs a kind's stored shape or dense bias reads it.
+MASK_LAYOUTS: dict[str, MaskLayout] = {
+    # (heads, q_len, kv_len): one logit per head and pair.
+    "full": MaskLayout(shape=lambda h, q, k, max_len, grid: (h, q, k),
+                       expand=lambda b, q, k, max_len, grid, prefix: b),
+    # (q_len, kv_len): the same bias for every head.
+    "shared": MaskLayout(shape=lambda h, q, k, max_len, grid: (q, k),
+                         expand=lambda b, q, k, max_len, grid, prefix: b[None]),
+    # (heads, 2 * max_len - 1): one logit per head and offset k - q (one table for every length <= max_len).
+    "relative_1d": MaskLayout(
+        shape=lambda h, q, k, max_len, grid: (h, 2 * _require(max_len, "relative_1d", "max_len") - 1),
+        expand=lambda b, q, k, max_len, grid, prefix: b[:, relative_1d_index(q, k, max_len)]),
+    # (heads, (2gh - 1) * (2gw - 1)): one logit per head and 2-D offset on a (gh, gw) patch grid
+    # (Swin-style table); `num_prefix` tokens before the grid (e.g. CLS) get bias 0 to and from all.
+    "relative_2d": MaskLayout(
+        shape=lambda h, q, k, max_len, grid: (h, (2 * _require(grid, "relative_2d", "grid=(height, width)")[0] - 1)
+                                              * (2 * grid[1] - 1)),
+        expand=lambda b, q, k, max_len, grid, prefix: _expand_2d(b, q, k, grid, prefix)),
+}
+MASK_KINDS: tuple[str, ...] = tuple(MASK_LAYOUTS)
+
+
+def _layout(kind: str) -> MaskLayout:
+  if kind not in MASK_LAYOUTS:
+    raise ValueError(f"unknown mask_kind {kind!r}; use {', '.join(MASK_KINDS)}")
+  return MASK_LAYOUTS[kind]
+
+
 def mask_shape(kind: str, num_heads: int, q_len: int, kv_len: int, *,
                max_len: int | None = None,
                grid: tuple[int, int] | None = None) -> tuple[int, ...]:
-  """Shape of the stored bias for each parameterization.
-
-  - "full":        (heads, q_len, kv_len), one logit per head and pair.
-  - "shared":      (q_len, kv_len), the same bias for every head.
-  - "relative_1d": (heads, 2 * max_len - 1), one logit per head and offset
-                   k - q, so one table serves every length up to max_len.
-  - "relative_2d": (heads, (2 * gh - 1) * (2 * gw - 1)), one logit per head and
-                   2-D offset on a (gh, gw) patch grid (Swin-style table).
-  """
-  if kind == "full":
-    return (num_heads, q_len, kv_len)
-  if kind == "shared":
-    return (q_len, kv_len)
-  if kind == "relative_1d":
-    if max_len is None:
-      raise ValueError("mask_kind='relative_1d' needs max_len")
-    return (num_heads, 2 * max_len - 1)
-  if kind == "relative_2d":
-    if grid is None:
-      raise ValueError("mask_kind='relative_2d' needs grid=(height, width)")
-    gh, gw = grid
-    return (num_heads, (2 * gh - 1) * (2 * gw - 1))
-  raise ValueError(f"unknown mask_kind {kind!r}; use full, shared, relative_1d or relative_2d")
+  """Shape of the stored bias of a mask kind (see `MASK_LAYOUTS`)."""
+  return _layout(kind).shape(num_heads, q_len, kv_len, max_len, grid)
 
 
 def relative_1d_index(q_len: int, kv_len: int, max_len: int) -> np.ndarray:
@@ -101,29 +135,27 @@ def relative_2d_index(grid: tuple[int, int]) -> np.ndarray:
   return dy * (2 * gw - 1) + dx
 
 
-def expand_mask(stored: jax.Array, kind: str, num_heads: int, q_len: int, kv_len: int, *,
+def expand_mask(stored: jax.Array, kind: str, q_len: int, kv_len: int, *,
                 max_len: int | None = None, grid: tuple[int, int] | None = None,
                 num_prefix: int = 0) -> jax.Array:
-  """The stored bias as a dense (heads, q_len, kv_len) (or (1, q, kv) if shared) logit bias.
+  """The stored bias as a dense (heads, q_len, kv_len) (or (1, q, kv) if shared) logit bias
+  (see `MASK_LAYOUTS`)."""
+  return _layout(kind).expand(stored, q_len, kv_len, max_len, grid, num_prefix)
 
-  For "relative_2d", the first `num_prefix` tokens (e.g. a CLS token) lie outside the grid
-  and get bias 0 to and from every token.
-  """
-  if kind == "full":
-    return stored
-  if kind == "shared":
-    return stored[None]
-  if kind == "relative_1d":
-    return stored[:, relative_1d_index(q_len, kv_len, max_len)]
-  if kind == "relative_2d":
-    n = grid[0] * grid[1]
-    if q_len != kv_len or q_len != n + num_prefix:
-      raise ValueError(f"relative_2d mask expects {n}+{num_prefix} tokens (grid {grid} plus prefix), got {q_len}x{kv_len}")
-    dense = stored[:, relative_2d_index(grid)]
-    if num_prefix:
-      dense = jnp.pad(dense, ((0, 0), (num_prefix, 0), (num_prefix, 0)))
-    return dense
-  raise ValueError(f"unknown mask_kind {kind!r}")
+
+def dense_mask_bias(module: nn.Module, settings: "MaskSettings", name: str, num_heads: int, q_len: int,
+                    kv_len: int, *, num_prefix: int = 0, dtype: Any = jnp.float32) -> jax.Array:
+  """The mask prior held by `module` (a variable `name` in its MASK_PRIOR collection, created from
+  `settings.init` on first use, in the kind's stored shape) as a dense (heads or 1, q_len, kv_len)
+  logit bias. Call it from inside the module's compact method."""
+  kind = settings.kind
+  shape = mask_shape(kind, num_heads, q_len, kv_len, max_len=settings.max_len, grid=settings.grid)
+  stored = module.variable(MASK_PRIOR, name, lambda: _checked_init(settings.init, module.make_rng("params"),
+                                                                    shape, dtype, kind))
+  if stored.value.shape != shape:
+    raise ValueError(f"mask prior has shape {stored.value.shape}, expected {shape} for mask_kind={kind!r}")
+  return expand_mask(stored.value, kind, q_len, kv_len, max_len=settings.max_len, grid=settings.grid,
+                     num_prefix=num_prefix)
 
 
 def _softmax_dtype(dtype):
@@ -223,8 +255,7 @@ class MaskPriorAttention(nn.Module):
       inputs_k = inputs_q
     if inputs_v is None:
       inputs_v = inputs_k
-    if self.mask_kind not in MASK_KINDS:
-      raise ValueError(f"unknown mask_kind {self.mask_kind!r}; use {', '.join(MASK_KINDS)}")
+    _layout(self.mask_kind)
     features = self.out_features or inputs_q.shape[-1]
     qkv_features = self.qkv_features or inputs_q.shape[-1]
     if qkv_features % self.num_heads:
@@ -241,16 +272,9 @@ class MaskPriorAttention(nn.Module):
 
     total_bias = bias
     if self.mask_init is not None:
-      shape = mask_shape(self.mask_kind, self.num_heads, q_len, kv_len,
-                         max_len=self.max_len, grid=self.grid)
-      stored = self.variable(MASK_PRIOR, "bias",
-                             lambda: _checked_init(self.mask_init, self.make_rng("params"),
-                                                   shape, self.param_dtype, self.mask_kind))
-      if stored.value.shape != shape:
-        raise ValueError(f"mask prior has shape {stored.value.shape}, expected {shape} "
-                         f"for mask_kind={self.mask_kind!r}")
-      prior = expand_mask(stored.value, self.mask_kind, self.num_heads, q_len, kv_len,
-                          max_len=self.max_len, grid=self.grid, num_prefix=self.num_prefix)
+      settings = MaskSettings(self.mask_init, self.mask_kind, self.max_len, self.grid)
+      prior = dense_mask_bias(self, settings, "bias", self.num_heads, q_len, kv_len, num_prefix=self.num_prefix,
+                              dtype=self.param_dtype)
       total_bias = prior if total_bias is None else total_bias + prior
 
     deterministic = nn.merge_param("deterministic", self.deterministic, deterministic) \

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from maskprior_jax import distributed
+
 
 class Preempted(RuntimeError):
   """The process got SIGTERM; a checkpoint was written."""
@@ -69,7 +71,6 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), record=ocp.args.JsonRestore()))
         return out.state, out.record
       except Exception as e:  # a truncated or half-written checkpoint
-        from maskprior_jax import distributed
         aside = self.directory / f"unreadable_{step}"
         if distributed.is_main_process():   # one process moves it, the others wait for that
           print(f"warning: checkpoint at step {step} in {self.directory} is unreadable "

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from maskprior_jax import train
+from maskprior_jax.sharding import batch_sharding
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
@@ -66,7 +66,7 @@ def take_part(rows, part: tuple[int, int] = (0, 1)):
 
 def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
   """Assemble per-process rows into one global array per leaf, sharded over "data"."""
-  sharding = train.batch_sharding(mesh, batch_axis)
+  sharding = batch_sharding(mesh, batch_axis)
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)
 
 

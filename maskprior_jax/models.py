@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskprior_jax.attention import MASK_PRIOR, MaskPriorAttention, MaskSettings, _checked_init, mask_shape
+from maskprior_jax.attention import MaskPriorAttention, MaskSettings, dense_mask_bias
 
 
 def sinusoidal_positions(length: int, dim: int) -> np.ndarray:
@@ -156,19 +156,14 @@ class Transformer(nn.Module):
     shared_bias = None
     masks = self._layer_masks()
     if isinstance(self.mask, MaskSettings) and self.mask.share_layers:
-      kind = self.mask.kind
-      shape = mask_shape(kind, self.num_heads, seq, seq)
-      shared_bias = self.variable(MASK_PRIOR, "shared_bias", lambda: _checked_init(
-          self.mask.init, self.make_rng("params"), shape, jnp.float32, kind)).value
-      if kind == "shared":
-        shared_bias = shared_bias[None]
+      # One bias for every layer, held here (kind "full" or "shared") and added to each layer's logits.
+      shared_bias = dense_mask_bias(self, self.mask, "shared_bias", self.num_heads, seq, seq)
       masks = [None] * self.depth
 
     for i, layer_mask in enumerate(masks):
       x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim, mask=layer_mask,
                 num_prefix=prefix, dtype=self.dtype, attention_implementation=self.attention_implementation,
-                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask,
-                                                                        bias=shared_bias)
+                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask, bias=shared_bias)
     x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
 
     if self.head == "lm":

@@ -1,7 +1,7 @@
 """Mask priors from structure: functions that return Flax-style initializers.
 
 Each builder returns `init(key, shape, dtype) -> B` for `MaskPriorAttention(mask_init=...)`.
-The shape the module asks for depends on `mask_kind` (see `attention.mask_shape`):
+The shape the module asks for depends on `mask_kind` (see `attention.MASK_LAYOUTS`):
 "full" (heads, q_len, kv_len), "shared" (q_len, kv_len), "relative_1d"
 (heads, 2*max_len-1), "relative_2d" (heads, (2gh-1)*(2gw-1)).
 A builder checks the shape it is asked for and raises a ValueError naming the mismatch,

@@ -1,8 +1,8 @@
 """Compiled training: a train-state pytree, a jitted (optionally seed-vmapped, multi-step)
 train step that is data parallel over a device mesh (or FSDP-sharded), an eval step, and
 `train_seeds`, the one training loop every benchmark runs (seed-parallel, with periodic
-evaluation, checkpoints and SIGTERM handling). `make_pmap_train_step` is the legacy `pmap`
-form of the same step, kept for code written against pmap; new code uses `make_train_step`.
+evaluation, checkpoints and SIGTERM handling), driven by one `LoopSettings`. The `pmap` form of
+the same step lives in `maskprior_jax.pmap`; meshes and shardings in `maskprior_jax.sharding`.
 
 A loss function has the signature `loss_fn(variables, batch, rng) -> (loss, metrics)`, where
 `variables` is the model's variable tree {"params": ..., "mask_prior": ..., ...}. A model with
@@ -12,10 +12,11 @@ optimizer of `maskprior_jax.optim` never changes them itself).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import flax
 import jax
@@ -23,6 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from maskprior_jax import checkpoint as ckpt
+from maskprior_jax import distributed, optim
+from maskprior_jax.sharding import batch_sharding, data_mesh, fsdp_sharding, replicated
+
+__all__ = ["LoopSettings", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
+           "make_generating_train_step", "make_eval_step", "train_seeds", "stack_trees", "Progress",
+           "data_mesh", "batch_sharding", "replicated", "fsdp_sharding", "GRAD_REDUCTIONS", "UPDATED_COLLECTIONS"]
 
 LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
 UPDATED_COLLECTIONS = "updated_collections"
@@ -55,22 +64,75 @@ def _key_data(rng):
   return jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
 
 
-def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
-  """A 1-D mesh named "data" over all (or the given) devices."""
-  devices = np.asarray(list(devices) if devices is not None else jax.devices())
-  return Mesh(devices, ("data",))
-
-
-def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:
-  """Shard the batch axis (after `batch_axis` leading axes) over "data"; the rest replicated."""
-  return NamedSharding(mesh, P(*([None] * batch_axis), "data"))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
 GRAD_REDUCTIONS = ("xla", "ordered")
+BATCH_SOURCES = ("host", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """Everything the training loop reads, as one value (benchmarks build it once from their config,
+  `maskprior_jax.bench.config.loop_settings`).
+
+  steps, batch_size: the run's length and per-run batch size.
+  steps_per_call: steps per compiled call (lax.scan); steps and the cadences below divide by it.
+  eval_every, checkpoint_every (0: only at the end and on SIGTERM), log_every: cadences in steps.
+  max_to_keep: checkpoints kept.
+  data_parallel: split every run's batch over all devices (a mesh over jax.devices());
+    fsdp: also shard large state leaves over them; grad_reduction: "xla" or "ordered"
+    (see `make_train_step`); batches: "host" (built by numpy) or "device" (drawn inside the step).
+  optimizer, learning_rate, weight_decay, mask_lr_multiplier, freeze_mask: the optimizer
+    (`optimizer()`, `maskprior_jax.optim.mask_prior_optimizer`).
+  """
+  steps: int
+  batch_size: int
+  steps_per_call: int = 1
+  eval_every: int = 0
+  checkpoint_every: int = 0
+  log_every: int = 250
+  max_to_keep: int = 2
+  data_parallel: bool = False
+  fsdp: bool = False
+  grad_reduction: str = "xla"
+  batches: str = "host"
+  optimizer_name: str = "adamw"
+  learning_rate: float = 1e-3
+  weight_decay: float = 0.0
+  mask_lr_multiplier: float = 1.0
+  freeze_mask: bool = False
+
+  def __post_init__(self):
+    if self.steps_per_call <= 0:
+      raise ValueError(f"train.steps_per_call must be positive, got {self.steps_per_call}")
+    for name, value in (("eval.every_steps", self.eval_every or self.steps), ("train.steps", self.steps),
+                        ("checkpoint.every_steps", self.checkpoint_every)):
+      if value % self.steps_per_call:
+        raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({self.steps_per_call})")
+    if self.grad_reduction not in GRAD_REDUCTIONS:
+      raise ValueError(f"train.grad_reduction must be {' or '.join(GRAD_REDUCTIONS)}, not {self.grad_reduction!r}")
+    if self.batches not in BATCH_SOURCES:
+      raise ValueError(f"train.batches must be {' or '.join(BATCH_SOURCES)}, not {self.batches!r}")
+    if self.fsdp and not self.data_parallel:
+      raise ValueError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
+    if self.fsdp and self.grad_reduction == "ordered":
+      raise ValueError("train.grad_reduction=ordered gathers every device's gradient: not with train.fsdp=true")
+
+  def optimizer(self, learning_rate: float | None = None) -> optax.GradientTransformation:
+    """The optimizer these settings name: the base rule on "params", the mask's own learning rate
+    (`mask_lr_multiplier` x) on the mask prior, or frozen (`freeze_mask`)."""
+    return optim.mask_prior_optimizer(self.learning_rate if learning_rate is None else learning_rate,
+                                      name=self.optimizer_name, weight_decay=self.weight_decay,
+                                      mask_lr_multiplier=self.mask_lr_multiplier, freeze_mask=self.freeze_mask)
+
+  def mesh(self) -> Mesh | None:
+    """A mesh over all devices when data parallel (None otherwise)."""
+    return data_mesh() if self.data_parallel else None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceBatches:
+  """Batches drawn inside the compiled step: `fn(step, run)` (traced int32 scalars) returns run
+  `run`'s batch for training step `step` (see `make_generating_train_step`)."""
+  fn: Callable[[jax.Array, jax.Array], Any]
 
 
 def _ordered_value_and_grad(loss_fn: LossFn, mesh: Mesh):
@@ -104,7 +166,7 @@ def _ordered_value_and_grad(loss_fn: LossFn, mesh: Mesh):
   return value_and_grad
 
 
-def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None, value_and_grad=None):
+def step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None, value_and_grad=None):
   value_and_grad = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(state: TrainState, batch):
@@ -127,26 +189,6 @@ def _step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None
   return step
 
 
-def fsdp_sharding(tree, mesh: Mesh, *, min_size: int = 1 << 14, axis_name: str = "data"):
-  """FSDP-style rule: every leaf with at least `min_size` elements is split over the mesh's
-  `axis_name` along its largest axis that divides evenly; smaller leaves are replicated.
-  Returns a pytree of NamedSharding matching `tree` (arrays or ShapeDtypeStructs), e.g. for a
-  TrainState, so that parameters, the mask prior and the optimizer moments are sharded alike."""
-  n = mesh.shape[axis_name]
-
-  def rule(leaf):
-    shape = getattr(leaf, "shape", ())
-    if n == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:
-      return NamedSharding(mesh, P())
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-      if shape[axis] % n == 0:
-        spec = [None] * len(shape)
-        spec[axis] = axis_name
-        return NamedSharding(mesh, P(*spec))
-    return NamedSharding(mesh, P())
-  return jax.tree.map(rule, tree)
-
-
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: Mesh | None = None,
                     seed_axis: bool = False, steps_per_call: int = 1, donate: bool = True,
                     state_sharding=None, grad_reduction: str = "xla"):
@@ -164,7 +206,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
     same however the mesh's devices are spread over processes; costs a gather of every
     device's gradient, so not with a sharded state; see `_ordered_value_and_grad`).
   """
-  step = _step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction, state_sharding))
+  step = step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction, state_sharding))
   if seed_axis:
     step = jax.vmap(step)
   if steps_per_call > 1:
@@ -205,7 +247,7 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
   partitionable threefry gives the same numbers whatever the sharding). `grad_reduction` as in
   `make_train_step`."""
-  step = jax.vmap(_step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction,
+  step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction,
                                                                        state_sharding)))
   runs = jnp.arange(num_runs, dtype=jnp.int32)
 
@@ -222,20 +264,6 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
     state_spec = replicated(mesh) if state_sharding is None else state_sharding
     kwargs = dict(in_shardings=(state_spec, replicated(mesh)), out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
-
-
-def make_pmap_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, axis_name: str = "batch"):
-  """Legacy path: the same step under `jax.pmap` (state replicated per device, batch split on
-  its leading device axis, gradients averaged with `lax.pmean`). Tested to equal the
-  single-device step; the benchmarks use `make_train_step` with a mesh instead."""
-  reduce = lambda tree: jax.lax.pmean(tree, axis_name)
-  return jax.pmap(_step_fn(loss_fn, tx, reduce), axis_name=axis_name, donate_argnums=(0,))
-
-
-def replicate_for_pmap(tree):
-  """One copy of `tree` per local device, stacked on a leading axis (pmap's layout)."""
-  n = jax.local_device_count()
-  return jax.tree.map(lambda x: jnp.stack([x] * n), tree)
 
 
 def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = None,
@@ -281,61 +309,60 @@ def _host(d: dict) -> dict:
 
 
 def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables: Sequence[dict],
-                seeds: Sequence[int], batch_fn: Callable[[int, Sequence[int]], Any], steps: int,
-                steps_per_call: int, eval_every: int, eval_fn: Callable[[int, dict], dict], label: str,
-                log_every: int = 250, checkpointer=None, checkpoint_every: int = 0, mesh: Mesh | None = None,
-                fsdp: bool = False, device_batch_fn=None, grad_reduction: str = "xla"
-                ) -> tuple[TrainState, list[dict]]:
-  """The training loop: one run per seed, all seeds in a single vmapped program.
+                seeds: Sequence[int], batches: Callable[..., Any] | DeviceBatches, settings: LoopSettings,
+                eval_fn: Callable[[int, dict], dict], label: str = "", checkpointer=None,
+                mesh: Mesh | None = None) -> tuple[TrainState, list[dict]]:
+  """The training loop: one run per seed, all seeds in a single vmapped program, for
+  `settings.steps` steps (`settings.steps_per_call` per compiled call).
 
-  batch_fn(step, seeds) -> batch with a leading seed axis (a function of seed and step, so a
-  resumed run sees the batches it would have seen), built on the host. A batch_fn that takes a
-  `part` keyword, `batch_fn(step, seeds, part=(i, n))`, builds only share i of n of every
-  seed's rows (`distributed.take_part`): with a mesh each process then builds only its own rows
-  (otherwise the global batch is built and the process's rows sliced out). Or, with
-  `device_batch_fn(step, run)` instead (run = index into `seeds`), batches drawn inside the
-  compiled step (`make_generating_train_step`) and `batch_fn` unused. With a `mesh` (see `data_mesh`), every
-  seed's batch is split over the mesh's "data" axis (data parallel, the state replicated); the
-  batch size must divide by its size. Each process then feeds only its rows of the global
-  batch (`distributed.process_slice`). With `fsdp` as well, large state leaves are split over
-  the mesh (`fsdp_sharding`). `grad_reduction="ordered"` sums the devices' gradients in a fixed
-  order (see `make_train_step`).
+  batches: a host batch function `batch_fn(step, seeds) -> batch` with a leading seed axis (a
+  function of seed and step, so a resumed run sees the batches it would have seen), built by
+  numpy. A batch_fn that takes a `part` keyword, `batch_fn(step, seeds, part=(i, n))`, builds only
+  share i of n of every seed's rows (`distributed.take_part`): with a mesh each process then
+  builds only its own rows (otherwise the global batch is built and the process's rows sliced
+  out). Or `DeviceBatches(fn)`: batches drawn inside the compiled step
+  (`make_generating_train_step`; `fn(step, run)`, run = index into `seeds`).
+  mesh: default `settingloop.mesh()` (all devices when `settings.data_parallel`). With a mesh,
+  every seed's batch is split over its "data" axis (data parallel, the state replicated); the
+  batch size must divide by its size, and each process feeds only its rows of the global batch
+  (`distributed.process_slice`). With `settings.fsdp` as well, large state leaves are split over
+  the mesh (`fsdp_sharding`); `settings.grad_reduction="ordered"` sums the devices' gradients in
+  a fixed order (see `make_train_step`).
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
-  `eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`), the
-  state and the eval history are saved every `checkpoint_every` steps, at the end and on
-  SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its latest
-  checkpoint. The host waits on the device only at those points (logging, evaluation, saving): a
-  non-finite loss freezes that seed's state inside the compiled step, and the next sync raises
-  `NonFiniteLoss` without saving.
+  `settings.eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`),
+  the state and the eval history are saved every `settings.checkpoint_every` steps, at the end and
+  on SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its
+  latest checkpoint. The host waits on the device only at those points (logging, evaluation,
+  saving): a non-finite loss freezes that seed's state inside the compiled step, and the next sync
+  raises `NonFiniteLoss` without saving.
   Returns the final stacked state and the eval history.
   """
-  from maskprior_jax import checkpoint as ckpt
-  for name, value in (("eval.every_steps", eval_every), ("train.steps", steps),
-                      ("checkpoint.every_steps", checkpoint_every)):
-    if value % steps_per_call:
-      raise ValueError(f"{name} ({value}) must be a multiple of train.steps_per_call ({steps_per_call})")
+  loop = settings
+  steps, steps_per_call, log_every = loop.steps, loop.steps_per_call, loop.log_every
+  eval_every, checkpoint_every = loop.eval_every or loop.steps, loop.checkpoint_every
+  mesh = mesh if mesh is not None else loop.mesh()
+  device_batch_fn = batches.fn if isinstance(batches, DeviceBatches) else None
+  batch_fn = None if device_batch_fn is not None else batches
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
-  state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and fsdp) else None
+  state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp) else None
   if device_batch_fn is not None:
-    step_fn = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
-                                         mesh=mesh, state_sharding=state_sharding, grad_reduction=grad_reduction)
+    call = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
+                                         mesh=mesh, state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
   else:
-    step_fn = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
-                              state_sharding=state_sharding, grad_reduction=grad_reduction)
+    call = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
+                              state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
-  builds_part = mesh is not None and "part" in inspect.signature(batch_fn).parameters
+  builds_part = mesh is not None and batch_fn is not None and "part" in inspect.signature(batch_fn).parameters
 
   def host_batch(step):
     if builds_part:
-      from maskprior_jax import distributed
       return batch_fn(step, seeds, part=distributed.process_part())   # this process's rows only
     return batch_fn(step, seeds)
 
   def place(batch):
     if mesh is None:
       return batch
-    from maskprior_jax import distributed
     local = batch if builds_part else jax.tree.map(
         lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)], batch)
     return distributed.global_batch(local, mesh, lead)
@@ -349,11 +376,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     if restored is not None:
       states, record = restored
       done, history = int(record["step"]), record["history"]
-      if jax.process_index() == 0:
+      if distributed.is_main_process():
         print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
-  progress = Progress(steps, label=label, every=log_every, enabled=jax.process_index() == 0)
+  progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
   progress.last_step = done
 
   def save(step, wait=False):
@@ -374,11 +401,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       while done < steps:
         # No host sync here: the device runs ahead while the next batch is built.
         if device_batch_fn is not None:
-          states, metrics = step_fn(states, np.int32(done))
+          states, metrics = call(states, np.int32(done))
         else:
           chunk = [host_batch(done + j) for j in range(steps_per_call)]
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-          states, metrics = step_fn(states, place(batch))
+          states, metrics = call(states, place(batch))
         done += steps_per_call
         log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
         term = sigterm.raised   # read once: a signal arriving later is handled at the next step

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from maskprior_jax.bench.boolean import algebra as BA
+from maskprior_jax.bench.boolean import data as BD
 from maskprior_jax.bench.boolean import tasks as B
 
 # RESEARCH.md's table: the MDI of each task and its unseen MSE against the truth.
@@ -23,14 +25,14 @@ def _cyclic_mdi():
 def test_mdi_matches_the_research_table(name):
   task = B.TASKS[name]
   terms, mse = _cyclic_mdi() if name == "f3_cyclic" else EXPECTED_MDI[name]
-  mdi = B.minimum_degree_interpolator(task)
+  mdi = BA.minimum_degree_interpolator(task)
   got = {k: v for k, v in mdi.terms.items() if abs(v) > 1e-8}
   assert set(got) == set(terms)
   for k, v in terms.items():
     assert got[k] == pytest.approx(v, abs=1e-8)
-  assert B.unseen_mse(task, mdi) == pytest.approx(mse, abs=1e-8)
+  assert BA.unseen_mse(task, mdi) == pytest.approx(mse, abs=1e-8)
   # the MDI agrees with f on the seen domain
-  x = B.cube(len(task.relevant()))
+  x = BD.cube(len(task.relevant()))
   full = np.zeros((len(x), task.n), np.int8)
   full[:, list(task.relevant())] = x
   seen = task.is_seen(full)
@@ -43,19 +45,19 @@ def test_task_definitions():
   assert B.TASKS["f4_majority"].groups == ((0, 1, 2),)
   shares = {"f1_threesym": 0.5, "f2_2parity": 0.25, "f3_cyclic": 0.125, "f4_majority": 0.25}
   for name, share in shares.items():
-    x = B.cube(15)
+    x = BD.cube(15)
     assert (~B.TASKS[name].is_seen(x)).mean() == share
 
 
 def test_parser_values_and_groups():
   e = B.parse_target("x0x1 - 1.25 x1*x2 + 1.5 x0x2 + 2")
-  x = B.cube(3).astype(float)
+  x = BD.cube(3).astype(float)
   np.testing.assert_allclose(e.evaluate(x), x[:, 0] * x[:, 1] - 1.25 * x[:, 1] * x[:, 2] + 1.5 * x[:, 0] * x[:, 2] + 2)
   assert set(e.groups) == {frozenset({0, 1}), frozenset({1, 2}), frozenset({0, 2})}
   e = B.parse_target("sign(x0 + x1 + x2) - 0.5*(x3 - x4)")
-  np.testing.assert_allclose(e.evaluate(B.cube(5).astype(float))[:4], [1, 1, 1, -1])
+  np.testing.assert_allclose(e.evaluate(BD.cube(5).astype(float))[:4], [1, 1, 1, -1])
   pred, vars_ = B.parse_condition("x0 == 1 | (x1*x2 == -1 & x3 == 1)")
-  x = B.cube(4)
+  x = BD.cube(4)
   np.testing.assert_array_equal(pred(x), (x[:, 0] == 1) | ((x[:, 1] * x[:, 2] == -1) & (x[:, 3] == 1)))
   assert vars_ == {0, 1, 2, 3}
 
@@ -77,16 +79,16 @@ def test_malformed_specs_name_the_problem(target, seen, message):
 
 
 def test_walsh_and_degree_profile():
-  x = B.cube(4).astype(float)
+  x = BD.cube(4).astype(float)
   f = 2 * x[:, 0] * x[:, 2] - x[:, 3] + 0.5
-  c = B.walsh_coefficients(f)
+  c = BA.walsh_coefficients(f)
   assert c[0b0101] == pytest.approx(2) and c[0b1000] == pytest.approx(-1) and c[0] == pytest.approx(0.5)
-  np.testing.assert_allclose(B.degree_profile(c), [0.25, 1, 4, 0, 0])
+  np.testing.assert_allclose(BA.degree_profile(c), [0.25, 1, 4, 0, 0])
 
 
 def test_seen_points_enumerates_exactly_the_seen_domain():
   task = B.TASKS["f2_2parity"]
-  pts = B.seen_points(task, np.random.default_rng(0))
+  pts = BD.seen_points(task, np.random.default_rng(0))
   assert len(pts) == 3 * 2 ** 13 and len(np.unique(pts, axis=0)) == len(pts)
   assert task.is_seen(pts).all()
 
@@ -99,7 +101,7 @@ def test_reference_interpolants_on_f2_equal_hand_computed_values():
   1/16 of the MDI's."""
   from maskprior_jax.bench.boolean import mechanism as M
   task = B.TASKS["f2_2parity"]
-  mdi = B.minimum_degree_interpolator(task)
+  mdi = BA.minimum_degree_interpolator(task)
   pts = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1]], np.int8)
   full = np.ones((4, task.n), np.int8)
   full[:, :2] = pts
@@ -131,7 +133,7 @@ def test_unfit_runs_are_reported_as_such_and_not_scored():
   from maskprior_jax.bench.boolean import run as R
   task = B.TASKS["f2_2parity"]
   from maskprior_jax.bench.boolean import mechanism as M
-  mdi = B.minimum_degree_interpolator(task)
+  mdi = BA.minimum_degree_interpolator(task)
   persistence = [{"step": 0, "attn_tv": [0.5, 0.5]}, {"step": 10, "attn_tv": [0.4, 0.4]}]
 
   def run(method, seed, seen, unseen, fitted):
@@ -142,11 +144,12 @@ def test_unfit_runs_are_reported_as_such_and_not_scored():
          "truth_degree_profile": [0, 0, 1.0], "mdi_degree_profile": [1.0, 2.0, 0],
          "runs": [run("vanilla", 0, 0.5, 3.0, False), run("vanilla", 1, 0.6, 2.0, False),
                   run("mask", 0, 0.001, 0.8, True), run("mask", 1, 0.5, 16.0, False)]}
-  table = R.task_table(res)
+  from maskprior_jax.bench.boolean import report
+  table = report.task_table(res)
   assert "| vanilla | 0/2 |" in table and "| mask | 1/2 |" in table
   assert "did not fit, did not fit" in table and "0.05, did not fit" in table
   assert "0.05 |" in table                                  # the mask's score is its fitted seed only
-  head = R.headline_table([res])
+  head = report.headline_table([res])
   assert "did not fit (0/2)" in head and "0.05 (1/2)" in head and "| yes |" in head
 
 

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import maskprior_jax as mp
-from maskprior_jax import priors, train
+from maskprior_jax import pmap, priors, train
 from maskprior_jax.models import Transformer
 
 # Equality tests between differently batched or sharded programs (vmapped, scanned, sharded,
@@ -160,8 +160,8 @@ def test_pmap_step_equals_single_device():
   batches = [_batch(i, 32) for i in range(3)]
   single, m1 = _run_single(model, tx, batches, f64=True)
   n = jax.local_device_count()
-  state = train.replicate_for_pmap(_state(model, tx, f64=True))
-  step = train.make_pmap_train_step(_loss_fn(model), tx)
+  state = pmap.replicate_for_pmap(_state(model, tx, f64=True))
+  step = pmap.make_pmap_train_step(_loss_fn(model), tx)
   for b in batches:
     state, mp_metrics = step(state, jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), b))
   np.testing.assert_allclose(mp_metrics["loss"][0], m1["loss"], rtol=1e-5)
@@ -207,9 +207,9 @@ def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_sha
   for i in range(6):
     expected, _ = step(expected, batch_fn(i, seeds))
   state, history = train.train_seeds(
-      loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batch_fn=batch_fn, steps=6,
-      steps_per_call=1, eval_every=2, eval_fn=lambda s, v: {"loss0": jax.vmap(
-          lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop", log_every=3)
+      loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batches=batch_fn,
+      settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=1, eval_every=2, log_every=3),
+      eval_fn=lambda s, v: {"loss0": jax.vmap(lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop")
   assert [h["step"] for h in history] == [0, 2, 4, 6] and all(np.all(np.isfinite(h["loss0"])) for h in history)
   for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -233,8 +233,9 @@ def test_benchmark_loop_data_parallel_equals_single_device():
   runs = {}
   for name, mesh in (("single", None), ("mesh", train.data_mesh())):
     state, history = train.train_seeds(
-        loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batch_fn=batch_fn, steps=6,
-        steps_per_call=2, eval_every=6, eval_fn=lambda step, v: {"n": jnp.zeros(2)}, label=name, mesh=mesh)
+        loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batches=batch_fn,
+        settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=2, eval_every=6),
+        eval_fn=lambda step, v: {"n": jnp.zeros(2)}, label=name, mesh=mesh)
     runs[name] = jax.device_get(state.variables)
   moved = max(float(np.abs(np.asarray(a) - np.asarray(b)[None]).max()) for a, b in
               zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(train.stack_trees(variables))))
@@ -267,33 +268,34 @@ def test_fsdp_sharded_step_equals_replicated_step():
 
 
 def test_loop_dispatches_the_next_call_before_the_previous_one_finishes():
-  """No host sync per call: each call does ~0.1 s of extra device work, and the loop builds and
-  dispatches the next calls while earlier ones still run, waiting only at the log/eval point at
-  the end. A synchronous loop would build batch k+1 only after call k finished, so its batches
-  would be spread over the whole run; here they all come in the run's first half."""
-  import time
+  """No host sync per call: the loop builds and dispatches the next calls while earlier ones still
+  run on the device, waiting only at the log/eval point at the end. Checked by the order of
+  events, not by wall-clock ratios: each step does ~0.1 s of device work and then reports "step
+  done" from the device (a debug callback); the host records "batch built". An asynchronous loop
+  builds batches 2 and 3 before step 1 is done (the host needs microseconds per batch); a loop
+  that waits on each call would always build batch k+1 after step k is done."""
   model = _model()
   tx = mp.mask_prior_optimizer(1e-2)
+  events = []
 
   def slow_loss(variables, batch, rng):
     loss, aux = _loss_fn(model)(variables, batch, rng)
     busy = jax.lax.fori_loop(0, 200, lambda i, y: jnp.tanh(y @ y), jnp.full((256, 256), 0.01) + loss * 0)
+    jax.debug.callback(lambda b: events.append("done"), busy.sum())
     return loss + 0.0 * jax.lax.stop_gradient(busy).sum(), aux
 
-  times = []
-
   def batch_fn(step, seeds):
-    times.append(time.perf_counter())
+    events.append(f"batch {step}")
     return jax.tree.map(lambda *xs: np.stack(xs), *[_batch(step * 10 + s) for s in seeds])
   variables = [model.init(jax.random.key(0), jnp.zeros((1, 6), jnp.int32))]
-  run = lambda: train.train_seeds(loss_fn=slow_loss, tx=tx, variables=variables, seeds=[0], batch_fn=batch_fn,
-                                  steps=10, steps_per_call=1, eval_every=10, eval_fn=lambda s, v: {},
-                                  label="trace", log_every=10)
-  run()
-  end = time.perf_counter()
-  # The first call compiles the step (train_seeds builds it); calls 2..10 are timed from there.
-  assert len(times) == 10
-  assert times[-1] - times[1] < 0.5 * (end - times[1]), (times[-1] - times[1], end - times[1])
+  train.train_seeds(loss_fn=slow_loss, tx=tx, variables=variables, seeds=[0], batches=batch_fn,
+                    settings=train.LoopSettings(steps=10, batch_size=16, eval_every=10, log_every=10),
+                    eval_fn=lambda s, v: {}, label="trace")
+  assert events.count("done") == 10 and len(events) == 20, events
+  # The first call compiles the step; after it, batch 3 (the fourth call's) is built before step 1
+  # (the second call) is done.
+  first_done_after_compile = [i for i, e in enumerate(events) if e == "done"][1]
+  assert events.index("batch 3") < first_done_after_compile, events
 
 
 @x64()
@@ -347,9 +349,10 @@ def test_device_batches_resume_bit_for_bit(tmp_path):
     ck = None if directory is None else Checkpointer(directory)
     try:
       state, history = train.train_seeds(
-          loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0, 1], batch_fn=None, device_batch_fn=draw,
-          steps=steps, steps_per_call=2, eval_every=2, eval_fn=lambda s, v: {"n": np.zeros(2)}, label="dev",
-          checkpointer=ck, checkpoint_every=2)
+          loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0, 1], batches=train.DeviceBatches(draw),
+          settings=train.LoopSettings(steps=steps, batch_size=16, steps_per_call=2, eval_every=2, checkpoint_every=2,
+                                      batches="device"),
+          eval_fn=lambda s, v: {"n": np.zeros(2)}, label="dev", checkpointer=ck)
     finally:
       if ck is not None:
         ck.close()
@@ -375,7 +378,7 @@ def test_loop_asks_a_part_taking_batch_fn_for_this_process_rows_only_with_a_mesh
     return train.stack_trees([_batch(step, 32)])
   for mesh in (None, train.data_mesh()):
     calls.clear()
-    train.train_seeds(loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0], batch_fn=batch_fn, steps=2,
-                      steps_per_call=1, eval_every=2, eval_fn=lambda step, v: {"n": jnp.zeros(1)}, label="p",
-                      mesh=mesh)
+    train.train_seeds(loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0], batches=batch_fn,
+                      settings=train.LoopSettings(steps=2, batch_size=32, eval_every=2),
+                      eval_fn=lambda step, v: {"n": jnp.zeros(1)}, label="p", mesh=mesh)
     assert calls == ([None, None] if mesh is None else [(0, 1), (0, 1)])

@@ -19,6 +19,10 @@ class ConfigError(ValueError):
   """A bad config file, key or value (reported as one line)."""
 
 
+class UsageError(ValueError):
+  """A bad command line or run folder (reported as one line, exit status 2)."""
+
+
 def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
   path = pathlib.Path(path)
   if not path.is_file():
@@ -42,41 +46,36 @@ def builtin_config(name: str) -> ml_collections.ConfigDict:
 
 
 def _parse_value(text: str, old, key: str):
+  """`text` as a value of the type of `old`, with the parsers ml_collections' config flags use."""
+  from absl import flags
+  from ml_collections.config_flags import tuple_parser
   if isinstance(old, bool):
-    low = text.lower()
-    if low in ("true", "1", "yes"):
-      return True
-    if low in ("false", "0", "no"):
-      return False
-    raise ConfigError(f"--config.{key}={text}: expected true or false")
-  if isinstance(old, int):
-    try:
-      return int(text)
-    except ValueError:
-      raise ConfigError(f"--config.{key}={text}: expected an integer") from None
-  if isinstance(old, float):
-    try:
-      return float(text)
-    except ValueError:
-      raise ConfigError(f"--config.{key}={text}: expected a number") from None
-  if isinstance(old, (tuple, list)):
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = tuple(t.strip() for t in text.split(",") if t.strip())
-    if not isinstance(value, (tuple, list)):
-      value = (value,)
-    return tuple(value)
-  if old is None:
+    low = {"yes": "true", "no": "false"}.get(text.lower(), text.lower())
+    parser, expected = flags.BooleanParser(), "true or false"
+  elif isinstance(old, int):
+    low, parser, expected = text, flags.IntegerParser(), "an integer"
+  elif isinstance(old, float):
+    low, parser, expected = text, flags.FloatParser(), "a number"
+  elif isinstance(old, (tuple, list)):
+    low, parser, expected = text, tuple_parser.TupleParser(), "a tuple"
+  elif old is None:
     try:
       return ast.literal_eval(text)
     except (ValueError, SyntaxError):
       return text
-  return text
+  else:
+    return text
+  try:
+    return parser.parse(low)
+  except (ValueError, TypeError, SyntaxError):
+    raise ConfigError(f"--config.{key}={text}: expected {expected}") from None
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
-  """Apply `--config.a.b=value` strings to a copy of `config`, locked against new keys."""
+  """Apply `--config.a.b=value` strings to a copy of `config`, locked against new keys: each value
+  parsed to the type of the one it replaces and set through `ml_collections.config_flags.config_path`
+  (the machinery of `config_flags`), each bad key or value one ConfigError."""
+  from ml_collections.config_flags import config_path
   config = ml_collections.ConfigDict(config.to_dict())
   config.lock()
   for item in overrides:
@@ -90,12 +89,61 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
       node = node[p]
     if parts[-1] not in node:
       raise ConfigError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node.keys()))}")
-    old = node[parts[-1]]
+    old = config_path.get_value(key, config)
     if isinstance(old, ml_collections.ConfigDict):
       raise ConfigError(f"config key {key!r} is a section, not a value")
-    with config.unlocked():
-      node[parts[-1]] = _parse_value(text, old, key)
+    value = _parse_value(text, old, key)
+    try:
+      config_path.set_value(key, config, value)
+    except TypeError:   # ConfigDict's own type check (e.g. a tuple where a number was)
+      raise ConfigError(f"--config.{key}={text}: expected a {type(old).__name__}") from None
   return config
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the training loop and the method baselines read, declared once; each benchmark's
+  config starts from this and changes values (and adds its own task, data, model and prior keys).
+
+  train: steps, batch size, optimizer ("adam", "adamw" or "sgd"), steps per compiled call;
+    data_parallel splits every run's batch over all devices (a mesh over jax.devices()); fsdp also
+    shards large weights and optimizer state over them (with data_parallel); batches: "host"
+    (built by numpy) or "device" (drawn inside the compiled step from the training set held on the
+    device); grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every
+    device's gradient gathered and summed in a fixed order: bit for bit the same state however the
+    devices are spread over processes; not with fsdp).
+  eval: every_steps (evaluation cadence), probe_size (inputs the attention persistence is measured on).
+  checkpoint: every_steps, max_to_keep.
+  prior: mode "learned" (the mask trains, at mask_lr_multiplier x the base rate) or "frozen".
+  model.attention: "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention".
+  qk, mimetic: the baselines' settings.
+  """
+  c = ml_collections.ConfigDict()
+  c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
+                 steps_per_call=50, data_parallel=False, fsdp=False, batches="host", grad_reduction="xla")
+  c.eval = dict(every_steps=250, probe_size=64)
+  c.checkpoint = dict(every_steps=500, max_to_keep=2)
+  c.prior = dict(mode="learned", mask_lr_multiplier=1.0)
+  c.model = dict(attention="auto")
+  c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
+  c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
+  return c
+
+
+def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = None):
+  """The config's `train.LoopSettings` (the loop's keys of `base_config`), built once and passed
+  whole; `learning_rate` replaces train.learning_rate (e.g. a per-task rate)."""
+  from maskprior_jax.train import LoopSettings
+  t = cfg.train
+  try:
+    return LoopSettings(
+        steps=t.steps, batch_size=t.batch_size, steps_per_call=t.steps_per_call, eval_every=cfg.eval.every_steps,
+        checkpoint_every=cfg.checkpoint.every_steps, max_to_keep=cfg.checkpoint.max_to_keep,
+        data_parallel=t.data_parallel, fsdp=t.fsdp, grad_reduction=t.grad_reduction, batches=t.batches,
+        optimizer_name=t.optimizer, learning_rate=t.learning_rate if learning_rate is None else learning_rate,
+        weight_decay=t.weight_decay, mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
+        freeze_mask=cfg.prior.mode == "frozen")
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def config_digest(config: ml_collections.ConfigDict | dict) -> str:
@@ -115,53 +163,36 @@ def _get(cfg, key: str):
 ATTENTION = ("xla", "cudnn", "auto")
 
 
-def attention_record(cfg) -> dict | None:
+def attention_record(cfg) -> dict:
   """What results.json records of the attention path: the config's request and the path the
   training step takes on this backend (float32 benchmark models, one bias shared by the batch)."""
-  requested = cfg.get("model", {}).get("attention")
-  if requested is None:
-    return None
+  requested = cfg.model.attention
   import jax.numpy as jnp
 
   from maskprior_jax.attention import attention_implementation
   return {"requested": requested, "training_path": attention_implementation(requested, jnp.float32, 1)}
 
 
-def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=(),
-          multiples_of_steps_per_call=("train.steps", "eval.every_steps", "checkpoint.every_steps")) -> None:
+def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=()) -> None:
   """The checks every benchmark's config needs, each failure one ConfigError naming the key:
-  `choices` {key: allowed values}, `positive` keys (> 0), and step counts that must be
-  multiples of train.steps_per_call."""
-  choices = dict(choices or {})
-  if "attention" in cfg.get("model", {}):
-    choices["model.attention"] = ATTENTION
-  if "batches" in cfg.get("train", {}):
-    choices["train.batches"] = ("host", "device")
-  if "grad_reduction" in cfg.get("train", {}):
-    from maskprior_jax.train import GRAD_REDUCTIONS
-    choices["train.grad_reduction"] = GRAD_REDUCTIONS
+  the loop's keys (`base_config`), `choices` {key: allowed values} and `positive` keys (> 0)."""
+  from maskprior_jax.train import BATCH_SOURCES, GRAD_REDUCTIONS
+  choices = {"model.attention": ATTENTION, "train.batches": BATCH_SOURCES, "train.grad_reduction": GRAD_REDUCTIONS,
+             "prior.mode": ("learned", "frozen"), "train.optimizer": ("adam", "adamw", "sgd"), **(choices or {})}
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
       raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
-  for key in positive:
+  for key in ("train.steps", "train.batch_size", "train.learning_rate", "eval.every_steps", "eval.probe_size",
+              *positive):
     if not _get(cfg, key) > 0:
       raise ConfigError(f"{key} must be positive, got {_get(cfg, key)}")
+  loop_settings(cfg)   # cadences that must divide by train.steps_per_call, fsdp with data_parallel, ...
   check_data_parallel(cfg)
-  spc = cfg.train.steps_per_call
-  if spc <= 0:
-    raise ConfigError(f"train.steps_per_call must be positive, got {spc}")
-  for key in multiples_of_steps_per_call:
-    if _get(cfg, key) % spc:
-      raise ConfigError(f"{key} ({_get(cfg, key)}) must be a multiple of train.steps_per_call ({spc})")
 
 
 def check_data_parallel(cfg: ml_collections.ConfigDict) -> None:
   """train.data_parallel splits each batch over all devices: the batch must divide evenly."""
-  if cfg.train.get("fsdp", False) and not cfg.train.get("data_parallel", False):
-    raise ConfigError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
-  if cfg.train.get("fsdp", False) and cfg.train.get("grad_reduction", "xla") == "ordered":
-    raise ConfigError("train.grad_reduction=ordered gathers every device's gradient: not with train.fsdp=true")
-  if cfg.train.get("data_parallel", False):
+  if cfg.train.data_parallel:
     import jax
     n = jax.device_count()
     if cfg.train.batch_size % n:

@@ -18,9 +18,44 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from maskprior_jax.distributed import is_main_process
+from maskprior_jax.distributed import barrier, is_main_process
 
 BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
+
+
+class ReportError(ValueError):
+  """Run folders that cannot be reported together (reported as one line)."""
+
+
+def prepare_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
+  """Called once every input is known good, before anything is written. A workdir that holds a
+  run of a different config or command is an error unless `fresh` (then its contents are
+  deleted); one that cannot be created or written is a one-line error (`config.UsageError`). Seeds
+  and methods are not part of the record: more of either can be added to a workdir (finished
+  (method, seed) runs are kept). Writes run_config.json; process 0 alone writes."""
+  from maskprior_jax.bench.config import UsageError
+  cfg_path = workdir / "run_config.json"
+  record = json.loads(json.dumps(record, sort_keys=True))  # as stored: tuples become lists
+  if workdir.exists() and not workdir.is_dir():
+    raise UsageError(f"--workdir {workdir} is a file, not a folder")
+  existing = next(p for p in [workdir, *workdir.absolute().parents] if p.exists())
+  if not existing.is_dir():
+    raise UsageError(f"cannot create --workdir {workdir}: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UsageError(f"cannot write in --workdir {workdir}: {existing} is not writable")
+  if cfg_path.exists() and not fresh:
+    old = json.loads(cfg_path.read_text())
+    if old != record:
+      raise UsageError(f"{workdir} holds a run with a different config or command; use another "
+                       f"--workdir, or --fresh to start over there")
+  if is_main_process():   # with several processes, only process 0 writes
+    workdir.mkdir(parents=True, exist_ok=True)
+    if fresh:
+      import shutil
+      for child in workdir.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    cfg_path.write_text(json.dumps(record, indent=1, sort_keys=True))
+  barrier("maskprior_workdir_ready")
 
 
 @dataclasses.dataclass

@@ -1,14 +1,14 @@
 """What the vision and language benchmarks share: a `Problem` (a dataset as arrays, the
-model's shape, the prior), the run over methods and seeds, the final evaluation and the
-table. `bench.vision` and `bench.language` each build a Problem from their config.
+model's shape, the prior), its `runner.Benchmark`, the final evaluation and the command.
+`bench.vision` and `bench.language` each build a Problem from their config.
 
 The question both ask: does a locality mask prior stay competitive where the task's
 structure is only "nearby things interact"? Methods vanilla / mimetic / qk / mask share the
 model and budget; `qk` fits the query/key weights so that the initial attention matches the
 same pattern the mask starts from.
 
-Writes into `workdir`: config.json, metrics.jsonl, results.json, table.md, PNG plots,
-checkpoints/; finished methods are skipped when the same command is rerun.
+Writes into `workdir`: config.json, metrics.jsonl, results.json, table.md, PNG plots
+(`supervised_report`), checkpoints/; finished methods are skipped when the same command is rerun.
 """
 from __future__ import annotations
 
@@ -22,16 +22,17 @@ import ml_collections
 import numpy as np
 import optax
 
-from maskprior_jax.attention import MaskSettings
-from maskprior_jax.bench import methods as methods_lib
-from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.config import config_digest
 from maskprior_jax import train
+from maskprior_jax.attention import MaskSettings
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench import runner
+from maskprior_jax.bench import supervised_report as report
+from maskprior_jax.bench.config import config_digest, loop_settings
 from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
-METHODS = methods_lib.METHODS
+METHODS = runner.METHODS
 
 
 @dataclasses.dataclass
@@ -80,20 +81,17 @@ def dense_pattern(init, shape) -> np.ndarray:
 
 def validate_common(cfg: ml_collections.ConfigDict, choices: dict, positive: list) -> None:
   from maskprior_jax.bench.config import check
-  check(cfg, choices={"prior.mode": ("learned", "frozen"), "train.optimizer": ("adam", "adamw", "sgd"),
-                      "model.pos_embedding": ("learned", "sinusoidal", "none"), **choices},
-        positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim", "train.steps",
-                  "train.batch_size", "train.learning_rate", "eval.every_steps", "eval.probe_size", *positive])
+  check(cfg, choices={"model.pos_embedding": ("learned", "sinusoidal", "none"), **choices},
+        positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim", *positive])
 
 
 def build_model(pb: Problem, cfg, method: str) -> Transformer:
   m = cfg.model
   return Transformer(dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim,
                      pos_embedding=m.pos_embedding, mask=pb.mask if method == "mask" else None,
-                     attention_implementation=m.get("attention"), **pb.model_kwargs)
+                     attention_implementation=m.attention, **pb.model_kwargs)
 
 
-# ----------------------------------------------------------------------------- run
 def _apply(model, v, x, mask=None):
   if mask is not None:
     return model.apply(v, x, padding_mask=mask)
@@ -106,73 +104,83 @@ def _loss_and_metric(logits, y):
   return ce, (jnp.argmax(logits, -1) == y).mean()
 
 
-def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], seeds: Sequence[int],
-        workdir: pathlib.Path, log=print) -> dict:
-  """Train and evaluate every method on `pb` for every seed; results in `workdir`."""
-  kind = pb.kind
-  workdir = pathlib.Path(workdir)
-  results_path = workdir / "results.json"
-  results = results_lib.open_results(workdir, cfg, config_digest({"cfg": cfg.to_dict(), "kind": kind}), kind, pb.info)
-  bs, L = cfg.train.batch_size, pb.seq
-  is_lm = pb.task == "lm"
+class Supervised(runner.Benchmark):
+  """Vision or language on a `Problem`: classification or next-byte prediction, scored on the
+  whole (capped) test set at the end."""
 
-  def batch_fn(step, seeds_, part=(0, 1)):   # part: (i, n), share i of n of the rows (see train_seeds)
-    out = []
-    for s in seeds_:
-      rng = np.random.default_rng([s, step])
-      if is_lm:
-        starts = take_part(rng.integers(0, len(pb.train_text) - L - 1, bs), part)
-        idx = starts[:, None] + np.arange(L + 1)[None]
-        win = pb.train_text[idx]
-        out.append({"x": win[:, :-1], "y": win[:, 1:]})
-      else:
-        idx = take_part(rng.integers(0, len(pb.train_x), bs), part)
-        b = {"x": pb.train_x[idx], "y": pb.train_y[idx]}
-        if pb.train_mask is not None:
-          b["mask"] = pb.train_mask[idx]
-        out.append(b)
-    return train.stack_trees(out) if len(out) > 1 else jax.tree.map(lambda a: a[None], out[0])
+  def __init__(self, cfg: ml_collections.ConfigDict, pb: Problem):
+    self.cfg, self.pb, self.kind, self.name = cfg, pb, pb.kind, pb.name
+    self.settings = loop_settings(cfg)
+    self.sample_input = pb.sample
+    self.probe = runner.Probe(pb.probe, pb.target_attn)
+    self.is_lm = pb.task == "lm"
+    n_ev = cfg.eval.eval_windows if self.is_lm else len(pb.test_x)
+    self.ev = (pb.test_x[:n_ev], pb.test_y[:n_ev], None if pb.test_mask is None else pb.test_mask[:n_ev])
 
-  n_ev = cfg.eval.eval_windows if is_lm else len(pb.test_x)
-  ev_x, ev_y = pb.test_x[:n_ev], pb.test_y[:n_ev]
-  ev_mask = None if pb.test_mask is None else pb.test_mask[:n_ev]
+  def digest(self) -> str:
+    return config_digest({"cfg": self.cfg.to_dict(), "kind": self.kind})
 
-  progress = results_lib.RunProgress(len(methods), label=pb.name)
-  for method in methods:
-    todo = results_lib.seeds_to_run(results, method, seeds)
-    if not todo:
-      progress.skip()
-      log(f"[{pb.name}] {method}: seeds {list(seeds)} already in {results_path}, skipped")
-      continue
-    t_method = results_lib.Timer()
-    model = build_model(pb, cfg, method)
+  def header(self) -> dict:
+    return self.pb.info
 
+  def model(self, method: str):
+    return build_model(self.pb, self.cfg, method)
+
+  def loss_fn(self, model):
     def loss_fn(v, batch, rng):
       del rng
       ce, acc = _loss_and_metric(_apply(model, v, batch["x"], batch.get("mask")), batch["y"])
       return ce, {"accuracy": acc}
+    return loss_fn
+
+  def host_batches(self, runs):
+    pb, bs, L, is_lm = self.pb, self.settings.batch_size, self.pb.seq, self.is_lm
+
+    def batch_fn(step, seeds_, part=(0, 1)):   # part: (i, n), share i of n of the rows (see train_seeds)
+      out = []
+      for s in seeds_:
+        rng = np.random.default_rng([s, step])
+        if is_lm:
+          starts = take_part(rng.integers(0, len(pb.train_text) - L - 1, bs), part)
+          idx = starts[:, None] + np.arange(L + 1)[None]
+          win = pb.train_text[idx]
+          out.append({"x": win[:, :-1], "y": win[:, 1:]})
+        else:
+          idx = take_part(rng.integers(0, len(pb.train_x), bs), part)
+          b = {"x": pb.train_x[idx], "y": pb.train_y[idx]}
+          if pb.train_mask is not None:
+            b["mask"] = pb.train_mask[idx]
+          out.append(b)
+      return train.stack_trees(out) if len(out) > 1 else jax.tree.map(lambda a: a[None], out[0])
+    return batch_fn
+
+  def eval_metrics(self, model):
+    ev_x, ev_y, ev_mask = self.ev
+    is_lm = self.is_lm
 
     def metrics_fn(v, data):
       del data
       ce, acc = _loss_and_metric(_apply(model, v, ev_x, ev_mask), ev_y)
       return {"test_loss": ce, **({"test_bits_per_char": ce / np.log(2)} if is_lm else {"test_accuracy": acc})}
+    return metrics_fn
 
-    state, history, infos, _ = methods_lib.train_method(
-        method=method, model=model, tx=methods_lib.make_tx(cfg), cfg=cfg, seeds=todo, sample_input=pb.sample,
-        probe_input=pb.probe, target_attn=pb.target_attn, loss_fn=loss_fn, batch_fn=batch_fn,
-        metrics_fn=metrics_fn, label=f"{pb.name}/{method}", checkpoint_dir=workdir / "checkpoints" / method / results_lib.seeds_dir(todo),
-        tensorboard_dir=workdir / "tensorboard" / method / results_lib.seeds_dir(todo))
-    final = _final_eval(model, pb, state.variables)
-    for i, s in enumerate(todo):
-      metrics = {k: float(v[i]) for k, v in final.items()}
-      results["runs"].append(methods_lib.run_record(method, s, i, state, history, infos, metrics).to_json())
-    results_lib.record_method(results, method, history, t_method(), workdir, run_labels=todo)
-    key = headline_key(results)
-    log(f"[{pb.name}] {method}: {key} "
-        f"{results_lib.mean_std([r[key] for r in results['runs'] if r['method'] == method])} ({t_method():.0f}s)")
-    progress.done()
-  write_report(results, workdir)
-  return results
+  def final_metrics(self, model, variables, runs, history):
+    del history
+    final = _final_eval(model, self.pb, variables)
+    return [{k: float(v[i]) for k, v in final.items()} for i in range(len(runs))]
+
+  def summary(self, results, method, runs):
+    key = report.headline_key(results)
+    return f"{key} {results_lib.mean_std([r[key] for r in results['runs'] if r['method'] == method])}"
+
+  def write_report(self, results, workdir):
+    report.write_report(results, workdir)
+
+
+def run(cfg: ml_collections.ConfigDict, pb: Problem, methods: Sequence[str], seeds: Sequence[int],
+        workdir: pathlib.Path, log=print) -> dict:
+  """Train and evaluate every method on `pb` for every seed; results in `workdir`."""
+  return runner.run(Supervised(cfg, pb), methods, seeds, workdir, log=log)
 
 
 def _final_eval(model, pb, stacked, chunk: int = 512) -> dict:
@@ -197,49 +205,26 @@ def _final_eval(model, pb, stacked, chunk: int = 512) -> dict:
   return {"test_accuracy": tot_right / tot_n, "test_loss": mean_ce}
 
 
-def headline_key(results: dict) -> str:
-  return "test_bits_per_char" if results.get("task") == "lm" else "test_accuracy"
+def command(kind: str, help: str, dataset_help: str, load_problem, validate) -> runner.Command:
+  """The `maskprior vision` / `maskprior language` subcommand: --dataset and --data-dir over the
+  config, the data loaded (and found) before anything is written, then `run`."""
+  def add_arguments(p) -> None:
+    p.add_argument("--dataset", help=dataset_help)
+    p.add_argument("--data-dir", dest="data_dir", help="TFDS data_dir holding the prepared dataset (array_record; "
+                   "default: the config's data.data_dir, else ~/tensorflow_datasets)")
 
+  def prepare(args, cfg, methods):
+    del methods
+    with cfg.unlocked():
+      if args.dataset:
+        cfg.data.dataset = args.dataset
+      if args.data_dir:
+        cfg.data.data_dir = args.data_dir
+    validate(cfg)
+    problem = load_problem(cfg, jax.process_index(), jax.process_count())   # data found before any write
+    return {"command": kind, "config": cfg.to_dict()}, problem
 
-def table(results: dict) -> str:
-  key = headline_key(results)
-  lower_better = key == "test_bits_per_char"
-  methods = results_lib.methods_in(results)
-  mean = {m: np.mean([r[key] for r in results["runs"] if r["method"] == m]) for m in methods}
-  baselines = [m for m in methods if m != "mask"]
-  best = (min if lower_better else max)(baselines, key=lambda m: mean[m]) if baselines else None
-  rows = []
-  for m in methods:
-    vals = [r[key] for r in results["runs"] if r["method"] == m]
-    if best is None or m == best:
-      gap = "-"
-    elif lower_better:
-      gap = f"{(mean[m] - mean[best]) / mean[best]:+.1%} vs {best}"
-    else:
-      gap = f"{100 * (mean[m] - mean[best]):+.1f} points vs {best}"
-    rows.append([m, len(vals), results_lib.mean_std(vals), gap])
-  what = "test bits per char (byte)" if lower_better else "test accuracy"
-  head = f"**{results['benchmark']}: {results['dataset']}**"
-  if "unigram_bits_per_char" in results:
-    head += f"; unigram entropy of the test text {results['unigram_bits_per_char']:.3f} bits per char"
-  out = head + "\n\n" + results_lib.markdown_table(["method", "seeds", what, "against the best baseline"], rows)
-  out += "\nPersistence (attention TV from the prior's pattern, start → end, mean over layers and seeds):\n\n"
-  out += results_lib.persistence_table(results)
-  return out
-
-
-def write_report(results: dict, workdir: pathlib.Path) -> None:
-  if not results_lib.is_main_process():   # process 0 writes the report
-    return
-  workdir = pathlib.Path(workdir)
-  (workdir / "table.md").write_text(table(results))
-  curves = results["curves"]
-  if not curves:
-    return
-  key = headline_key(results)
-  ref = {"unigram": results["unigram_bits_per_char"]} if "unigram_bits_per_char" in results else None
-  results_lib.plot_curves(workdir / "test_curve.png", results_lib.metric_curves(curves, key),
-                         title=f"{results['dataset']}: {key.replace('_', ' ')} (eval subset)", ylabel=key, hlines=ref)
-  results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
-                         title=f"{results['dataset']}: attention distance from the prior's pattern",
-                         ylabel="mean TV distance (layers)")
+  def run_command(cfg, problem, methods, seeds, workdir) -> str:
+    return report.table(run(cfg, problem, methods, seeds, workdir))
+  return runner.Command(name=kind, help=help, methods=METHODS, add_arguments=add_arguments, prepare=prepare,
+                        run=run_command)

@@ -22,7 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from maskprior_jax.bench.boolean.tasks import Task, _min_norm_solve, _relevant_points
+from maskprior_jax.bench.boolean.algebra import _min_norm_solve
+from maskprior_jax.bench.boolean.data import relevant_points
+from maskprior_jax.bench.boolean.tasks import Task
 
 MAX_RELEVANT_GROUPS = 8
 MAX_COUNT_GROUPS = 16
@@ -52,7 +54,7 @@ def _monomial_features(monomials, x: np.ndarray) -> np.ndarray:
 
 def support_lsq(task: Task) -> Callable[[np.ndarray], np.ndarray]:
   """Minimum-norm least squares on the seen points in the span of the support monomials."""
-  _, full = _relevant_points(task)
+  _, full = relevant_points(task)
   seen = task.is_seen(full)
   mons = _support_monomials(task)
   c = _min_norm_solve(_monomial_features(mons, full[seen]), task.f(full[seen]).astype(np.float64))
@@ -61,7 +63,7 @@ def support_lsq(task: Task) -> Callable[[np.ndarray], np.ndarray]:
 
 def count_lookup(task: Task) -> Callable[[np.ndarray], np.ndarray]:
   """Minimum-norm least squares on the seen points over per-support count indicators."""
-  _, full = _relevant_points(task)
+  _, full = relevant_points(task)
   seen = task.is_seen(full)
   c = _min_norm_solve(_count_features(task, full[seen]), task.f(full[seen]).astype(np.float64))
   return lambda x: _count_features(task, x) @ c
@@ -87,7 +89,7 @@ def _label(task: Task, key: tuple, by: str) -> str:
 
 def unseen_groups(task: Task) -> tuple[str, list[tuple]]:
   """(grouping, sorted keys of the unseen groups); see the module docstring."""
-  _, full = _relevant_points(task)
+  _, full = relevant_points(task)
   unseen = full[~task.is_seen(full)]
   for by, limit in (("relevant", MAX_RELEVANT_GROUPS), ("counts", MAX_COUNT_GROUPS)):
     keys = sorted(set(_keys(task, unseen, by)))
@@ -115,7 +117,7 @@ def describe(task: Task, mdi: Callable[[np.ndarray], np.ndarray]) -> dict:
   """The task's mechanism record: grouping, labels, and per group the truth, the MDI and the two
   reference interpolants (means over the relevant cube); the references' unseen MSE."""
   by, keys = unseen_groups(task)
-  _, full = _relevant_points(task)
+  _, full = relevant_points(task)
   ids = group_ids(task, full, by, keys)
   refs = {"support_lsq": support_lsq(task), "count_lookup": count_lookup(task)}
   out = {"by": by, "groups": [_label(task, k, by) for k in keys],

@@ -1,4 +1,4 @@
-"""Boolean "generalization on the unseen" (GOTU) tasks and their analysis.
+"""Boolean "generalization on the unseen" (GOTU) task specifications.
 
 A task is a target f over x in {-1,+1}^n, a seen-domain condition, and the interaction
 structure of f (the variable sets of its monomials). Targets and conditions are parsed
@@ -9,18 +9,19 @@ from text by a small recursive-descent parser (no eval):
   seen:    atoms "PRODUCT == +-1" joined by | and & (or "or"/"and"), with parentheses, e.g.
            "x0 == 1 | x1 == 1", "x0*x1*x2 == 1"
 
-Analysis: Fourier-Walsh coefficients over the cube (fast Walsh-Hadamard transform), the
-degree profile, and the minimum-degree interpolator (MDI) of the seen domain.
+The cube and seen points are in `boolean.data`; the Fourier-Walsh analysis and the
+minimum-degree interpolator in `boolean.algebra`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import re
 from typing import Callable
 
 import numpy as np
+
+from maskprior_jax.bench.boolean.data import relevant_points
 
 
 class TaskSpecError(ValueError):
@@ -284,7 +285,7 @@ def custom_task(target: str, seen: str, n: int | None = None, name: str = "custo
   if n < needed:
     raise TaskSpecError(f"--n {n} is too small: the spec uses x{needed - 1}")
   task = Task(name, n, target, seen)
-  seen_mask = task.is_seen(_relevant_points(task)[1])
+  seen_mask = task.is_seen(relevant_points(task)[1])
   if not seen_mask.any():
     raise TaskSpecError(f"seen condition {seen!r} holds nowhere on the cube")
   if seen_mask.all():
@@ -294,135 +295,3 @@ def custom_task(target: str, seen: str, n: int | None = None, name: str = "custo
     raise TaskSpecError(f"seen condition {seen!r} holds on only {num_seen} points of the n = {n} cube; "
                         f"training needs at least {MIN_SEEN_POINTS} (raise --n or widen the condition)")
   return task
-
-
-# ----------------------------------------------------------------------------- data
-def cube(n: int) -> np.ndarray:
-  """All 2^n points of {-1,+1}^n as int8 (2^n, n); point p has x_i = 1 - 2 * bit_i(p)."""
-  p = np.arange(2 ** n, dtype=np.int64)[:, None]
-  return (1 - 2 * ((p >> np.arange(n)) & 1)).astype(np.int8)
-
-
-def _relevant_points(task: Task) -> tuple[np.ndarray, np.ndarray]:
-  """The cube over the task's relevant variables, (2^k, k), and the same points embedded in
-  n dimensions with every other variable at +1; f and the seen condition only read the former."""
-  rel = task.relevant()
-  xr = cube(len(rel))
-  full = np.ones((xr.shape[0], task.n), np.int8)
-  full[:, list(rel)] = xr
-  return xr, full
-
-
-def seen_points(task: Task, rng: np.random.Generator, max_enumerate: int = 20,
-                num_samples: int = 1 << 18) -> np.ndarray:
-  """Every seen point when n <= max_enumerate, else `num_samples` sampled seen points."""
-  if task.n <= max_enumerate:
-    x = cube(task.n)
-    return x[task.is_seen(x)]
-  out = []
-  while sum(len(o) for o in out) < num_samples:
-    x = (1 - 2 * rng.integers(0, 2, (num_samples, task.n))).astype(np.int8)
-    out.append(x[task.is_seen(x)])
-  return np.concatenate(out)[:num_samples]
-
-
-# ----------------------------------------------------------------------------- analysis
-def walsh_coefficients(values: np.ndarray) -> np.ndarray:
-  """f_hat(S) for all S, from f on the whole cube in `cube(n)` order; index S is a bitmask."""
-  a = np.asarray(values, np.float64).copy()
-  n = int(np.log2(a.shape[0]))
-  if a.shape[0] != 2 ** n:
-    raise ValueError("walsh_coefficients needs all 2^n values of the cube")
-  h = 1
-  while h < a.shape[0]:
-    a = a.reshape(-1, 2, h)
-    a = np.stack([a[:, 0] + a[:, 1], a[:, 0] - a[:, 1]], axis=1).reshape(-1)
-    h *= 2
-  return a / a.shape[0]
-
-
-def degree_profile(coefficients: np.ndarray) -> np.ndarray:
-  """(n+1,) sums of f_hat(S)^2 over |S| = k."""
-  n = int(np.log2(coefficients.shape[0]))
-  sizes = np.array([bin(s).count("1") for s in range(2 ** n)])
-  return np.bincount(sizes, weights=coefficients ** 2, minlength=n + 1)
-
-
-def _monomials(k_vars: int, degree: int):
-  return [c for d in range(degree + 1) for c in itertools.combinations(range(k_vars), d)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Interpolator:
-  """A polynomial sum_S c_S prod_{i in S} x_i over the task's variables."""
-  terms: dict[tuple[int, ...], float]
-
-  def __call__(self, x: np.ndarray) -> np.ndarray:
-    out = np.zeros(x.shape[0])
-    for s, c in self.terms.items():
-      out += c * (np.prod(x[:, list(s)], axis=1) if s else 1.0)
-    return out
-
-  def pretty(self, tol: float = 1e-9) -> str:
-    parts = [f"{c:+.4g}{''.join(f' x{i}' for i in s) if s else ''}"
-             for s, c in sorted(self.terms.items(), key=lambda t: (len(t[0]), t[0])) if abs(c) > tol]
-    return " ".join(parts) if parts else "0"
-
-
-def _min_norm_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  """Minimum-norm least squares with an absolute singular-value cut-off (the columns are
-  +-1 monomials, so singular values below 1e-8 are round-off of an exact zero)."""
-  if a.size == 0:
-    return np.zeros(a.shape[1])
-  u, sv, vt = np.linalg.svd(a, full_matrices=False)
-  keep = sv > 1e-8 * np.sqrt(a.shape[0])
-  return vt[keep].T @ ((u[:, keep].T @ b) / sv[keep])
-
-
-def minimum_degree_interpolator(task: Task, tol: float = 1e-9) -> Interpolator:
-  """The MDI of f on the seen domain, computed exactly.
-
-  Variables outside the target and the condition do not enter (averaging over them keeps
-  agreement and lowers every degree's energy), so the fit runs on the relevant variables.
-  Degree by degree from the target's degree down, the degree-d coefficients are the
-  minimum-norm least-squares solution after projecting out what lower degrees span.
-  """
-  rel = task.relevant()
-  k = len(rel)
-  if k > 20:
-    raise ValueError(f"MDI over {k} relevant variables is too large to enumerate")
-  xr, full = _relevant_points(task)
-  fvals, seen = task.f(full), task.is_seen(full)
-  coeffs = walsh_coefficients(fvals)
-  sizes = np.array([bin(s).count("1") for s in range(2 ** k)])
-  degree = int(sizes[np.abs(coeffs) > tol].max()) if np.any(np.abs(coeffs) > tol) else 0
-  xs = xr[seen].astype(np.float64)
-  mons = _monomials(k, degree)
-  phi = np.stack([np.prod(xs[:, list(m)], axis=1) if m else np.ones(len(xs)) for m in mons], axis=1)
-  deg_of = np.array([len(m) for m in mons])
-  residual = fvals[seen].astype(np.float64)
-  result = {}
-  for d in range(degree, -1, -1):
-    lower = phi[:, deg_of < d]
-    cur = phi[:, deg_of == d]
-    if lower.shape[1]:
-      u, sv, _ = np.linalg.svd(lower, full_matrices=False)
-      q = u[:, sv > 1e-8 * np.sqrt(lower.shape[0])]  # orthonormal basis of what lower degrees span
-      proj = lambda v, q=q: v - q @ (q.T @ v)
-    else:
-      proj = lambda v: v
-    c = _min_norm_solve(proj(cur), proj(residual))
-    residual = residual - cur @ c
-    for m, ci in zip([m for m in mons if len(m) == d], c):
-      if abs(ci) > tol:
-        result[tuple(rel[i] for i in m)] = float(ci)
-  if np.abs(residual).max() > 1e-6:
-    raise AssertionError("MDI does not interpolate the seen domain")
-  return Interpolator(result)
-
-
-def unseen_mse(task: Task, g: Callable[[np.ndarray], np.ndarray]) -> float:
-  """Mean over unseen points of (g - f)^2, over the relevant variables' cube."""
-  _, full = _relevant_points(task)
-  unseen = ~task.is_seen(full)
-  return float(np.mean((g(full[unseen]) - task.f(full[unseen])) ** 2))

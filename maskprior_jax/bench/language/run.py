@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -57,7 +58,11 @@ def load_problem(cfg, process_index: int = 0, process_count: int = 1) -> supervi
 
 def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int], workdir: pathlib.Path,
         log=print) -> dict:
-  import jax
   validate(cfg)
   return supervised.run(cfg, load_problem(cfg, jax.process_index(), jax.process_count()), methods, seeds,
                         workdir, log=log)
+
+
+COMMAND = supervised.command("language", "byte-level LM (or text classification) with a 1-D recency prior",
+                             "pydoc (embedded, the default) or a prepared TFDS text dataset: tiny_shakespeare, imdb_reviews",
+                             load_problem, validate)

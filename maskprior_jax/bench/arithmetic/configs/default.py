@@ -13,35 +13,27 @@ keep the six methods x five seeds near half an hour on 2 CPU cores.
 """
 import ml_collections
 
+from maskprior_jax.bench.config import base_config
+
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
+  c = base_config()   # the loop's keys (train, eval, checkpoint, prior.mode, qk, mimetic): see there
   # add: D-digit operands, answer least significant digit first (reverse=True) or not.
   # modadd: (a + b) mod modulus. Test pairs never appear in a training set; each seed's
   # training sets are nested (the first N of its pairs).
   c.task = dict(name="add", digits=3, modulus=97, reverse=True, train_sizes=(250, 500),
                 test_size=2000, data_seed=0)
   # A causal decoder (next-token prediction, loss on the answer tokens only).
-  c.model = dict(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned",
-                 attention="auto")   # "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention"
+  c.model.update(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
   # The prior: the rows that predict answer digits attend to their operand columns (logit
   # `inside`) and get `outside` elsewhere; one pattern for every head and layer. Methods
   # "coupling" and "mask_coupling" add position coupling (addition only).
   # kind "window": places i and i-1 only; "carry": every lower place too, at inside - carry_decay
   # per place below i-1 (see ArithmeticTask.prior_pattern).
-  c.prior = dict(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0, kind="window",
+  c.prior.update(inside=0.0, outside=-4.0, mode="learned", mask_lr_multiplier=1.0, kind="window",
                  carry_decay=1.0)
-  # data_parallel: split every seed's batch over all devices (a mesh over jax.devices()).
-  # batches: "host" (numpy, the committed results' batches) or "device" (drawn inside the
-  # compiled step from the training set held on the device; no host work per call).
-  # grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every device's
-  # gradient gathered and summed in a fixed order: bit for bit the same state however the
-  # devices are spread over processes; not with fsdp).
-  c.train = dict(steps=6000, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=1.0,
-                 steps_per_call=50, data_parallel=False,
-                 batches="host", grad_reduction="xla")
-  c.eval = dict(every_steps=250, train_eval_size=250, probe_size=128)
-  c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
-  c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
-  c.checkpoint = dict(every_steps=1000, max_to_keep=2)
-  return ml_collections.ConfigDict(c)
+  c.train.update(steps=6000, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=1.0,
+                 steps_per_call=50)
+  c.eval.update(every_steps=250, train_eval_size=250, probe_size=128)
+  c.checkpoint.update(every_steps=1000, max_to_keep=2)
+  return c

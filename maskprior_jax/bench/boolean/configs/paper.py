@@ -4,7 +4,7 @@ GOTU's Transformer: dim 256, depth 12, 6 heads of 64, MLP 256, batch 256, Adam w
 decay 1e-3, lr 2e-5 (f1, f3) or 1e-5 (f2, f4); about 2k to 9k steps. About an hour per run
 on a 2-core CPU; minutes on an accelerator.
 
-  maskprior boolean --config experiments/boolean_paper.py   # same as this built-in config --seeds 10 --workdir runs/boolean_paper
+  maskprior boolean --config experiments/boolean_paper.py --seeds 10 --workdir runs/boolean_paper   # the same as this built-in config
 """
 from maskprior_jax.bench.config import builtin_config
 

@@ -1,0 +1,102 @@
+"""The arithmetic benchmark's tables and plots, from run records (results.json): exact match by
+training size and method (mean and per seed), training fit, the claim line, digit accuracy, steps
+to 99%, exact match by carries and persistence. Used at the end of a run and by `maskprior report`."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from maskprior_jax.bench import results as results_lib
+
+
+def claim_line(results: dict, threshold: float = 0.9) -> str:
+  """The paper's low-data claim at the point where it matters: the largest training size where
+  vanilla's mean exact match is below `threshold`, and the mask prior's gain there, with each
+  other method's."""
+  mean = lambda m, n: [r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n]
+  sizes = [n for n in sorted(results["train_sizes"], reverse=True) if mean("vanilla", n)]
+  below = [n for n in sizes if np.mean(mean("vanilla", n)) < threshold]
+  if not below or not mean("mask", below[0]):
+    return ""
+  n, v = below[0], np.mean(mean("vanilla", below[0]))
+  gains = ", ".join(f"{m} {100 * (np.mean(mean(m, n)) - v):+.1f}" for m in results_lib.methods_in(results)
+                    if m != "vanilla" and mean(m, n))
+  return (f"\nLargest training size where vanilla is below {threshold:.0%}: **{n}** (vanilla "
+          f"{100 * v:.1f}%); gain over vanilla there, in points: {gains}.\n")
+
+
+def table(results: dict) -> str:
+  methods, sizes = results_lib.methods_in(results), results["train_sizes"]
+  pick = lambda m, n, k: [r[k] for r in results["runs"] if r["method"] == m and r["train_size"] == n]
+  name = (f"{results['digits']}-digit addition, answer {'reversed' if results['reverse'] else 'in the usual order'}"
+          if results["task"] == "add" else f"addition mod {results['modulus']}")
+  out = f"**{name}**; test set {results['test_size']} pairs, none in any training set.\n\n"
+  out += "Test exact match (mean ± std over seeds):\n\n"
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [results_lib.mean_std(pick(m, n, "exact_match")) for m in methods]
+                                    for n in sizes])
+  bypick = lambda m, n: [f"{r['exact_match']:.3f}" for r in sorted(results["runs"], key=lambda r: r["seed"])
+                         if r["method"] == m and r["train_size"] == n]
+  out += "\nPer seed (seeds " + ", ".join(str(s) for s in sorted({r["seed"] for r in results["runs"]})) + "):\n\n"
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [", ".join(bypick(m, n)) or "-" for m in methods] for n in sizes])
+  fits = lambda m, n: [f"{r['final_train_exact']:.2f}" for r in sorted(results["runs"], key=lambda r: r["seed"])
+                       if r["method"] == m and r["train_size"] == n]
+  out += ("\nTraining-set exact match at the end, per seed (below 0.99: the run no longer fits its "
+          "training set, e.g. after a loss spike):\n\n")
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [", ".join(fits(m, n)) or "-" for m in methods] for n in sizes])
+  out += claim_line(results)
+  out += "\nDigit accuracy (greedy decoding):\n\n"
+  out += results_lib.markdown_table(["train size"] + methods,
+                                   [[n] + [results_lib.mean_std(pick(m, n, "digit_accuracy")) for m in methods]
+                                    for n in sizes])
+
+  def steps99(m, n):
+    v = pick(m, n, "steps_to_99_train")
+    hit = [x for x in v if x is not None]
+    return f"{np.mean(hit):.0f} ({len(hit)}/{len(v)})" if hit else f"never (0/{len(v)})"
+  out += "\nSteps to 99% train exact match (mean over the seeds that got there; how many did):\n\n"
+  out += results_lib.markdown_table(["train size"] + methods, [[n] + [steps99(m, n) for m in methods] for n in sizes])
+  if results.get("test_carries") and all("exact_by_carries" in r for r in results["runs"]):
+    counts = results["test_carries"]
+
+    def by_carries(m, n):
+      rows = np.asarray([r["exact_by_carries"] for r in results["runs"] if r["method"] == m and r["train_size"] == n],
+                        dtype=float)
+      return " / ".join("-" if np.isnan(v) else f"{v:.2f}" for v in rows.mean(0)) if len(rows) else "-"
+    out += ("\nTest exact match by carries in the pair (0 / 1 / ... carries; test pairs with each count: "
+            + " / ".join(map(str, counts)) + "), mean over seeds:\n\n")
+    out += results_lib.markdown_table(["train size"] + methods, [[n] + [by_carries(m, n) for m in methods] for n in sizes])
+  out += "\nPersistence: attention TV from the prior's pattern on the answer rows, start → end (mean over layers and runs):\n\n"
+  out += results_lib.persistence_table(results)
+  return out
+
+
+def write_report(results: dict, workdir: pathlib.Path) -> None:
+  """table.md and the plots of a run folder."""
+  workdir = pathlib.Path(workdir)
+  (workdir / "table.md").write_text(table(results))
+  methods, sizes = results_lib.methods_in(results), results["train_sizes"]
+  if not methods:
+    return
+  fig, ax = results_lib.new_figure((5.5, 3.6))
+  for m in methods:
+    vals = [[r["exact_match"] for r in results["runs"] if r["method"] == m and r["train_size"] == n] for n in sizes]
+    ax.errorbar(sizes, [np.mean(v) for v in vals], yerr=[np.std(v) for v in vals], label=m, capsize=3, marker="o")
+  ax.set_xscale("log")
+  ax.set_xticks(sizes, [str(n) for n in sizes])
+  ax.minorticks_off()
+  ax.set(xlabel="training-set size", ylabel="test exact match", ylim=(-0.02, 1.02),
+         title=f"{results['task']}: test exact match vs training size")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
+  curves = results["curves"]
+  results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
+                         title=f"{results['task']}: attention distance from the prior (answer rows)",
+                         ylabel="mean TV distance (layers)")
+  results_lib.plot_curves(workdir / "test_exact_curves.png", results_lib.metric_curves(curves, "test_exact"),
+                         title=f"{results['task']}: test exact match during training (all sizes)",
+                         ylabel="test exact match")

@@ -1,0 +1,243 @@
+"""The Boolean benchmark's tables and plots, from run records (results.json): one task's table,
+mechanism and degree-profile tables and plots, the headline over the tasks, and the pooling of
+run folders that `maskprior report` does. Used at the end of a run and by `maskprior report`."""
+from __future__ import annotations
+
+import pathlib
+from typing import Sequence
+
+import numpy as np
+
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.boolean.tasks import TASKS
+from maskprior_jax.bench.runner import METHODS
+
+
+def mdi_share(unseen_mse: float, mdi_unseen_mse: float) -> float:
+  """Unseen MSE as a share of the MDI's (0 = the truth, 1 = the MDI); NaN where the MDI is exact."""
+  return unseen_mse / mdi_unseen_mse if mdi_unseen_mse > 0 else float("nan")
+
+
+BAR = 0.10   # the paper's bar: unseen MSE at most 10% of the MDI's is "near-perfect" extrapolation
+
+
+def summarize(results: dict) -> list[dict]:
+  """Per method: per-seed values (in seed order), fit status, and the persistence endpoints."""
+  rows = []
+  ref = results["mdi_unseen_mse_true"]
+  for m in results_lib.methods_in(results):
+    runs = sorted((r for r in results["runs"] if r["method"] == m), key=lambda r: r["seed"])
+    last = lambda r, k: r["persistence"][-1].get(k)
+    fitted = [r for r in runs if r["fitted"]]
+    rows.append({"method": m, "seeds": [r["seed"] for r in runs], "fitted": [r["fitted"] for r in runs],
+                 "seen_mse": [r["seen_mse"] for r in runs],
+                 "ratio": [mdi_share(r["unseen_mse_true"], ref) for r in runs],
+                 "ratio_fitted": [mdi_share(r["unseen_mse_true"], ref) for r in fitted],
+                 "unseen_mse_true": [r["unseen_mse_true"] for r in fitted],
+                 "unseen_mse_mdi": [r["unseen_mse_mdi"] for r in fitted],
+                 "tv0": [float(np.mean(r["persistence"][0]["attn_tv"])) for r in runs],
+                 "tv_end": [float(np.mean(last(r, "attn_tv"))) for r in runs],
+                 "drift_end": [last(r, "mask_drift") for r in runs if last(r, "mask_drift") is not None]})
+  return rows
+
+
+def _per_seed(s: dict) -> str:
+  return ", ".join(f"{v:.2f}" if ok else "did not fit" for v, ok in zip(s["ratio"], s["fitted"]))
+
+
+def _fit_cell(s: dict, key: str = "ratio_fitted", fmt=lambda v: results_lib.mean_std(v)) -> str:
+  """mean ± std over the fitted seeds, or "did not fit" when none did."""
+  if not s[key]:
+    return "did not fit"
+  return fmt(s[key])
+
+
+def task_table(results: dict) -> str:
+  ref = results["mdi_unseen_mse_true"]
+  header = ["method", "fitted / seeds", "seen MSE", "unseen MSE vs truth", "unseen / MDI's", "per seed (unseen / MDI's)",
+            "unseen MSE vs MDI", "attn TV start → end", "‖B−B0‖/‖B0‖ end"]
+  rows = []
+  for s in summarize(results):
+    rows.append([s["method"], f"{sum(s['fitted'])}/{len(s['seeds'])}", results_lib.mean_std(s["seen_mse"]),
+                 _fit_cell(s, "unseen_mse_true"), _fit_cell(s), _per_seed(s), _fit_cell(s, "unseen_mse_mdi"),
+                 f"{np.mean(s['tv0']):.2f} → {np.mean(s['tv_end']):.2f}",
+                 results_lib.mean_std(s["drift_end"]) if s["drift_end"] else "-"])
+  mech = results["mechanism"]
+  head = (f"**{results['task']}** (n = {results['n']}): f = `{results['target']}`, seen: `{results['seen']}`; "
+          f"MDI = `{results['mdi']}`, MDI's unseen MSE vs truth = {ref:.4g}. Seeds {_seed_list(results)}; "
+          f"a run fits when its seen MSE ≤ {results['fit_threshold_seen_mse']:.3g}; only fitted runs are scored.\n\n")
+  out = head + results_lib.markdown_table(header, rows)
+  out += ("\nReference interpolants from the structure alone (unseen MSE / MDI's): span of the support monomials "
+          f"{mdi_share(mech['support_lsq_unseen_mse'], ref):.3f}, per-support count lookup "
+          f"{mdi_share(mech['count_lookup_unseen_mse'], ref):.3f}.\n")
+  return out + "\n" + mechanism_table(results) + "\n" + degree_table(results)
+
+
+def _seed_list(results: dict) -> str:
+  seeds = sorted({r["seed"] for r in results["runs"]})
+  return ", ".join(map(str, seeds)) if seeds else "-"
+
+
+def mechanism_table(results: dict) -> str:
+  """Mean prediction on each group of unseen points: truth, MDI, the two references, each method
+  (mean over its fitted seeds)."""
+  mech = results["mechanism"]
+  methods = [s["method"] for s in summarize(results)]
+  header = [f"unseen group ({mech['by']})", "share of unseen", "truth", "MDI", "support LSQ", "count lookup"] + methods
+  rows = []
+  total = sum(mech["size"])
+  for g, label in enumerate(mech["groups"]):
+    row = [label, f"{mech['size'][g] / total:.1%}"] + [f"{mech[k][g]:.2f}" for k in ("truth", "mdi", "support_lsq", "count_lookup")]
+    for m in methods:
+      vals = [r["unseen_group_means"][g] for r in results["runs"] if r["method"] == m and r["fitted"]]
+      row.append(results_lib.mean_std(vals) if vals else "did not fit")
+    rows.append(row)
+  return "Mean prediction on the unseen points, by group:\n\n" + results_lib.markdown_table(header, rows)
+
+
+def degree_table(results: dict) -> str:
+  """Degree profile (sum of f̂(S)² by |S|) of the truth, the MDI and each method (mean over all seeds)."""
+  truth, mdi = np.asarray(results["truth_degree_profile"]), np.asarray(results["mdi_degree_profile"])
+  top = max(int(np.flatnonzero(truth > 1e-9).max()), int(np.flatnonzero(mdi > 1e-9).max())) + 1
+  truth, mdi = (np.pad(v, (0, max(0, top + 1 - len(v)))) for v in (truth, mdi))
+  rows = [["truth"] + [f"{v:.3f}" for v in truth[:top + 1]], ["MDI"] + [f"{v:.3f}" for v in mdi[:top + 1]]]
+  for m in results_lib.methods_in(results):
+    prof = [r["degree_profile"] for r in results["runs"] if r["method"] == m and r.get("degree_profile")]
+    if prof:
+      mean = np.mean(np.asarray(prof)[:, :top + 1], 0)
+      rows.append([m] + [f"{v:.3f}" for v in mean])
+  return "Degree profile (energy by degree):\n\n" + results_lib.markdown_table(
+      ["function"] + [f"degree {d}" for d in range(top + 1)], rows)
+
+
+def write_task_report(results: dict, workdir: pathlib.Path) -> None:
+  """table.md and the plots of one task's run folder."""
+  workdir = pathlib.Path(workdir)
+  (workdir / "table.md").write_text(task_table(results))
+  curves = results["curves"]
+  if not curves:
+    return
+  results_lib.plot_curves(workdir / "unseen_loss.png", results_lib.metric_curves(curves, "unseen_mse_true"),
+                         title=f"{results['task']}: unseen MSE vs truth", ylabel="MSE", logy=True,
+                         hlines={"MDI": results["mdi_unseen_mse_true"]})
+  results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
+                         title=f"{results['task']}: attention distance from the prior's pattern",
+                         ylabel="mean TV distance (layers)")
+  drift = results_lib.metric_curves(curves, "mask_drift")
+  if drift:
+    results_lib.plot_curves(workdir / "mask_drift.png", drift, title=f"{results['task']}: ‖B_t − B_0‖ / ‖B_0‖",
+                           ylabel="relative change")
+  plot_degree_profiles(results, workdir / "degree_profiles.png")
+
+
+def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
+  profiles = {}
+  for r in results["runs"]:
+    if r.get("degree_profile") is not None:
+      profiles.setdefault(r["method"], []).append(r["degree_profile"])
+  if not profiles:
+    return
+  truth, mdi = np.asarray(results["truth_degree_profile"]), np.asarray(results["mdi_degree_profile"])
+  maxdeg = max(int(np.max(np.flatnonzero(truth > 1e-6))), int(np.max(np.flatnonzero(mdi > 1e-6)))) + 2
+  pad = lambda v: np.pad(v, (0, max(0, maxdeg - len(v))))
+  truth, mdi = pad(truth), pad(mdi)
+  series = {"truth": truth, "MDI": mdi, **{m: np.mean(v, 0) for m, v in profiles.items()}}
+  fig, ax = results_lib.new_figure((5.5, 3.6))
+  width = 0.8 / len(series)
+  for i, (label, prof) in enumerate(series.items()):
+    ax.bar(np.arange(maxdeg) + i * width, prof[:maxdeg], width, label=label)
+  ax.set(title=f"{results['task']}: degree profile (sum of f̂(S)² by |S|)", xlabel="degree", ylabel="energy")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def headline_table(all_results: Sequence[dict]) -> str:
+  """Per task and method: unseen MSE / MDI's (mean ± std over the fitted seeds, and how many
+  fitted), whether the mask reaches the paper's bar, the references; then persistence."""
+  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  header = (["task", "n", "MDI's unseen MSE"] + [f"{m}: unseen / MDI's (fitted)" for m in methods]
+            + ["mask ≤ 10% of MDI's?", "support LSQ", "count lookup"])
+  rows = []
+  for res in all_results:
+    s = {x["method"]: x for x in summarize(res)}
+    ref = res["mdi_unseen_mse_true"]
+    row = [res["task"], res["n"], f"{ref:.3g}"]
+    for m in methods:
+      row.append(f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-")
+    if "mask" in s and s["mask"]["ratio_fitted"]:
+      row.append("yes" if np.mean(s["mask"]["ratio_fitted"]) <= BAR else "no")
+    else:
+      row.append("-")
+    mech = res["mechanism"]
+    row += [f"{mdi_share(mech['support_lsq_unseen_mse'], ref):.3f}",
+            f"{mdi_share(mech['count_lookup_unseen_mse'], ref):.3f}"]
+    rows.append(row)
+  header2 = ["task"] + [f"{m}: attn TV start → end" for m in methods] + ["mask: ‖B−B0‖/‖B0‖ end"]
+  rows2 = []
+  for res in all_results:
+    s = {x["method"]: x for x in summarize(res)}
+    rows2.append([res["task"]] + [f"{np.mean(s[m]['tv0']):.2f} → {np.mean(s[m]['tv_end']):.2f}" if m in s else "-"
+                                  for m in methods]
+                 + [results_lib.mean_std(s["mask"]["drift_end"]) if "mask" in s and s["mask"]["drift_end"] else "-"])
+  return results_lib.markdown_table(header, rows) + "\n" + results_lib.markdown_table(header2, rows2)
+
+
+def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
+  """summary.md and headline.png over the tasks."""
+  (workdir / "summary.md").write_text(headline_table(all_results))
+  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  fig, ax = results_lib.new_figure((7, 3.6))
+  width = 0.8 / max(len(methods), 1)
+  for i, m in enumerate(methods):
+    ratios = [[mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) for r in res["runs"]
+               if r["method"] == m and r["fitted"]] for res in all_results]
+    ax.bar(np.arange(len(all_results)) + i * width, [np.mean(v) if v else np.nan for v in ratios], width,
+           yerr=[np.std(v) if v else 0 for v in ratios], label=m, capsize=2)
+  ax.axhline(1.0, ls="--", c="gray", lw=1)
+  ax.axhline(0.1, ls=":", c="gray", lw=1)
+  ax.set_xticks(np.arange(len(all_results)) + 0.4 - width / 2, [r["task"] for r in all_results], fontsize=8)
+  ax.set(ylabel="unseen MSE / MDI's unseen MSE", title="Extrapolation error relative to the MDI (fitted runs; 1 = MDI, 0 = truth)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(workdir / "headline.png", dpi=110)
+
+
+def pool(found: Sequence[tuple[pathlib.Path, dict]]) -> list[dict]:
+  """Run folders' results pooled by task (runs of one task from several folders merged, which
+  must hold the same config and disjoint seeds), in the headline's task order. Raises
+  results.ReportError naming the two folders otherwise."""
+  by_task: dict[str, dict] = {}
+  source: dict[str, pathlib.Path] = {}
+  for path, res in found:
+    if res["task"] in by_task:   # pool seeds of the same task, from runs of the same config only
+      merged, first = by_task[res["task"]], source[res["task"]]
+      if res["config_digest"] != merged["config_digest"]:
+        raise results_lib.ReportError(f"{first} and {path} ran {res['task']} with different configs; "
+                                      "pool only runs of one config")
+      have = {(r["method"], r["seed"]) for r in merged["runs"]}
+      twice = sorted({(r["method"], r["seed"]) for r in res["runs"]} & have)
+      if twice:
+        method, seed = twice[0]
+        raise results_lib.ReportError(f"{first} and {path} both hold {res['task']} method {method} seed {seed}; "
+                                      "pool only disjoint seeds")
+      by_task[res["task"]] = {**merged, "runs": merged["runs"] + res["runs"],
+                              "curves": {**res.get("curves", {}), **merged["curves"]}}
+    else:
+      by_task[res["task"]], source[res["task"]] = res, path
+  order = {name: i for i, name in enumerate(TASKS)}
+  return sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
+
+
+def report(found: Sequence[tuple[pathlib.Path, dict]], out: pathlib.Path | None) -> str:
+  """`maskprior report` for Boolean run folders: pooled by task; the headline table and every
+  task's table as text, and with `out` the same as files (summary.md, headline.png, one folder
+  of tables and plots per task)."""
+  pooled = pool(found)
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    for res in pooled:
+      (out / res["task"]).mkdir(exist_ok=True)
+      write_task_report(res, out / res["task"])
+    write_headline_report(pooled, out)
+  return "\n".join([headline_table(pooled), *(task_table(res) for res in pooled)])

@@ -1,0 +1,234 @@
+"""The one run loop of every benchmark: for each method and the seeds it has not run yet, build
+the model (with its prior for the mask methods), initialise every run, train them together
+(`train.train_seeds`), evaluate, record each run, checkpoint, report progress, and at the end
+write the benchmark's report.
+
+A benchmark plugs in by subclassing `Benchmark`: how to build the model, the batches, the loss,
+the evaluation during and after training, and the report. Everything else (the loop settings,
+results.json, checkpoints, TensorBoard, resume) is shared.
+
+The methods every benchmark compares: vanilla (the model as initialised), mimetic (mimetic QK/VO
+weights), qk (query/key weights fitted so that the initial attention matches the prior's
+pattern), mask (the model with the mask prior). Same model, budget and optimizer for all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskprior_jax import baselines, distributed, measure, train
+from maskprior_jax.attention import MASK_PRIOR
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.checkpoint import Checkpointer, tree_sha256
+
+METHODS = ("vanilla", "mimetic", "qk", "mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a method. seed: its initialisation; key: what the loop and the batch functions
+  index it by (the seed, unless runs differ by more than the seed); label: how results.json's
+  curves name it."""
+  seed: int
+  key: int
+  label: Any
+
+
+@dataclasses.dataclass
+class Probe:
+  """Where persistence is measured: attention on `inputs` against `target_attn` (heads, q, kv),
+  only on rows `rows` if given."""
+  inputs: Any
+  target_attn: Any
+  rows: Any = None
+
+
+class Benchmark:
+  """What one benchmark supplies to `run`. Subclasses set `name` (log label), `kind` (results.json
+  "benchmark"), `cfg`, `settings` (`train.LoopSettings`), `sample_input` and `probe`, and
+  implement the methods below that raise NotImplementedError."""
+  name: str
+  kind: str
+  cfg: Any
+  settings: train.LoopSettings
+  sample_input: Any
+  probe: Probe
+
+  def header(self) -> dict:
+    """The results.json fields that describe the task (written once)."""
+    raise NotImplementedError
+
+  def digest(self) -> str:
+    """Identifies the config and task: a run folder holding another digest starts over."""
+    raise NotImplementedError
+
+  def runs(self, seeds: Sequence[int]) -> list[Run]:
+    """The runs of one method for `seeds` (default: one per seed)."""
+    return [Run(seed=s, key=s, label=s) for s in seeds]
+
+  def model(self, method: str):
+    raise NotImplementedError
+
+  def loss_fn(self, model) -> train.LossFn:
+    raise NotImplementedError
+
+  def host_batches(self, runs: Sequence[Run]) -> Callable:
+    """`batch_fn(step, keys, part=(i, n))`: the batch of every run (by its key) for `step`."""
+    raise NotImplementedError
+
+  def device_batches(self, runs: Sequence[Run]) -> Callable | None:
+    """`fn(step, run_index)` drawing the same kind of batch inside the compiled step, or None
+    when the benchmark has no device batches (train.batches="device" is then refused)."""
+    return None
+
+  def eval_metrics(self, model) -> Callable[[dict, Any], dict]:
+    """`metrics_fn(variables, data) -> dict of scalars` for one run during training (`data`: the
+    run's slice of `eval_data`, or None)."""
+    raise NotImplementedError
+
+  def eval_data(self, runs: Sequence[Run]) -> Any:
+    return None
+
+  def final_metrics(self, model, variables: dict, runs: Sequence[Run], history: list[dict]) -> list[dict]:
+    """Per run, the numbers results.json records, from the stacked final variables (and the eval
+    history, if the benchmark reads its curves)."""
+    raise NotImplementedError
+
+  def summary(self, results: dict, method: str, runs: Sequence[Run]) -> str:
+    """One line on the method's new runs, for the log."""
+    raise NotImplementedError
+
+  def write_report(self, results: dict, workdir: pathlib.Path) -> None:
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """A benchmark's `maskprior` subcommand (see `bench.cli`): its name and help, the methods it
+  compares, `add_arguments(parser)` for its own flags, `prepare(args, cfg, methods) -> (record,
+  context)` (every check, before anything is written; `record` identifies the run folder's
+  command and config), and `run(cfg, context, methods, seeds, workdir) -> text` to print."""
+  name: str
+  help: str
+  methods: tuple[str, ...]
+  add_arguments: Callable
+  prepare: Callable
+  run: Callable
+  default_seeds: str = "3"
+  description: str | None = None
+
+
+def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
+  """One run's starting variables for a method: `model.init`, then for "mimetic" the mimetic
+  QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the initial attention on
+  the probe inputs matches the prior's pattern (cfg.qk). The other methods differ only in the
+  model (the mask model carries its prior). Returns (variables, info)."""
+  variables = model.init(jax.random.key(seed), bench.sample_input)
+  info = {}
+  if method == "mimetic":
+    m = bench.cfg.mimetic
+    variables = {**variables, "params": baselines.mimetic(
+        variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
+        alpha_v=m.alpha_v, beta_v=m.beta_v)}
+  elif method == "qk":
+    variables, tv = baselines.fit_qk(model.apply, variables, bench.probe.inputs, bench.probe.target_attn,
+                                     steps=bench.cfg.qk.fit_steps, learning_rate=bench.cfg.qk.fit_learning_rate)
+    info["qk_fit_tv"] = tv
+  return variables, info
+
+
+def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh):
+  """The jitted evaluation of every run during training: the benchmark's metrics, `attn_tv`
+  (each layer's mean total-variation distance between attention rows on the probe and the
+  prior's pattern) and, for a model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
+  metrics_fn, run_data = bench.eval_metrics(model), bench.eval_data(runs)
+  target_attn = jnp.asarray(bench.probe.target_attn)
+  rows = slice(None) if bench.probe.rows is None else np.asarray(bench.probe.rows)
+
+  def eval_one(v, data):
+    out = dict(metrics_fn(v, data))
+    maps = jnp.stack(measure.attention_maps(model.apply, v, bench.probe.inputs))   # (layers, B, H, q, kv)
+    out["attn_tv"] = measure.total_variation(maps[..., rows, :], target_attn[..., rows, :])
+    return out
+
+  def eval_all(stacked, data, init0):
+    out = jax.vmap(eval_one, in_axes=(0, None if data is None else 0))(stacked, data)
+    if MASK_PRIOR in stacked:
+      out["mask_drift"] = measure.mask_drift(stacked, init0)
+    return out
+  # Over a mesh the metrics come back replicated, so that every process can read them.
+  eval_all = jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)}))
+  return lambda stacked: jax.device_get(eval_all(stacked, run_data, init0))
+
+
+def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: pathlib.Path):
+  """Train one method's runs in one vmapped program, with the persistence measurements; every
+  evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
+  Returns (final stacked state on the host, eval history, per-run init info)."""
+  settings = bench.settings
+  inits = [initial_variables(method, model, bench, r.seed) for r in runs]
+  init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
+  mesh = settings.mesh()
+  evaluate = _evaluator(model, bench, runs, init0, mesh)
+  where = pathlib.Path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
+  tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where)
+
+  def eval_fn(step, stacked):
+    out = evaluate(stacked)   # fetched once, for the history and TensorBoard
+    tensorboard(step, out)
+    return out
+
+  if settings.batches == "device":
+    batches = train.DeviceBatches(bench.device_batches(runs))
+  else:
+    batches = bench.host_batches(runs)
+  checkpointer = Checkpointer(workdir / "checkpoints" / where, max_to_keep=settings.max_to_keep)
+  try:
+    state, history = train.train_seeds(
+        loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
+        seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=eval_fn,
+        label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=mesh)
+  finally:
+    checkpointer.close()
+    tensorboard.close()
+  # On the host in every process: what comes next (test metrics, digests) reads it locally.
+  return distributed.host_tree(state), history, [i for _, i in inits]
+
+
+def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: pathlib.Path, log=print,
+        progress: results_lib.RunProgress | None = None) -> dict:
+  """Train every method for every seed not yet in `workdir`'s results.json, record each run as it
+  finishes (a rerun skips finished methods and resumes an interrupted one from its checkpoint),
+  then write the benchmark's report. `progress` counts finished method runs. Returns results."""
+  workdir = pathlib.Path(workdir)
+  if bench.settings.batches == "device" and bench.device_batches(bench.runs(seeds[:1])) is None:
+    from maskprior_jax.bench.config import ConfigError
+    raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")
+  results = results_lib.open_results(workdir, bench.cfg, bench.digest(), bench.kind, bench.header())
+  progress = progress or results_lib.RunProgress(len(methods), label=bench.name)
+  for method in methods:
+    todo = results_lib.seeds_to_run(results, method, seeds)
+    if not todo:
+      progress.skip()
+      log(f"[{bench.name}] {method}: seeds {list(seeds)} already in {workdir / 'results.json'}, skipped")
+      continue
+    timer = results_lib.Timer()
+    runs = bench.runs(todo)
+    model = bench.model(method)
+    state, history, infos = train_method(method, model, bench, runs, workdir)
+    for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, state.variables, runs, history))):
+      results["runs"].append(results_lib.RunRecord(
+          method=method, seed=int(r.seed), metrics=metrics,
+          persistence=results_lib.per_run(history, i, ["attn_tv", "mask_drift"]),
+          state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], state.variables)), info=infos[i]).to_json())
+    results_lib.record_method(results, method, history, timer(), workdir, run_labels=[r.label for r in runs])
+    log(f"[{bench.name}] {method}: {bench.summary(results, method, runs)} ({timer():.0f}s)")
+    progress.done()
+  if distributed.is_main_process():   # process 0 writes the report
+    bench.write_report(results, workdir)
+  return results
