@@ -17,7 +17,8 @@ import pathlib
 import numpy as np
 
 from maskprior_jax.bench.arithmetic import protocol
-from maskprior_jax.bench.cli import UsageError, exploration_seeds
+from maskprior_jax.bench.args import exploration_seeds
+from maskprior_jax.bench.config import UsageError
 from maskprior_jax.bench import cli
 
 

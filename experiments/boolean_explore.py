@@ -17,7 +17,8 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.cli import UsageError, exploration_seeds
+from maskprior_jax.bench.args import exploration_seeds
+from maskprior_jax.bench.config import UsageError
 from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 

@@ -130,7 +130,6 @@ def test_prior_variants_noself_and_layered():
 
 
 def test_unfit_runs_are_reported_as_such_and_not_scored():
-  from maskprior_jax.bench.boolean import run as R
   task = B.TASKS["f2_2parity"]
   from maskprior_jax.bench.boolean import mechanism as M
   mdi = BA.minimum_degree_interpolator(task)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from maskprior_jax.bench import cli
+from maskprior_jax.bench import args, cli
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
          "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20"]
@@ -123,8 +123,8 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
 
 
 def test_seed_ranges_and_lists_reach_results_json(tmp_path):
-  assert cli.parse_seeds("3") == [0, 1, 2] and cli.parse_seeds("2-5") == [2, 3, 4, 5]
-  assert cli.parse_seeds("3,5,8") == [3, 5, 8] and cli.parse_seeds("7-7") == [7]
+  assert args.parse_seeds("3") == [0, 1, 2] and args.parse_seeds("2-5") == [2, 3, 4, 5]
+  assert args.parse_seeds("3,5,8") == [3, 5, 8] and args.parse_seeds("7-7") == [7]
   rc = cli.main(["boolean", "--task", "f2", "--methods", "vanilla", "--seeds", "3,5", "--workdir", str(tmp_path),
                  *SHORT])
   assert rc == 0

@@ -9,58 +9,62 @@ import pytest
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import data as D
 
-tfds = pytest.importorskip("tensorflow_datasets")
-PIL = pytest.importorskip("PIL.Image")
-
 SHORT = ["--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
          "--config.qk.fit_steps=10", "--config.eval.probe_size=8"]
 
 
-class MaskpriorTinyImages(tfds.core.GeneratorBasedBuilder):
-  """Three classes of 8x8 grey images: a bright row, column or diagonal."""
-  VERSION = tfds.core.Version("1.0.0")
+def _builders(tfds, PIL):
+  """Two tiny TFDS datasets, built here offline (the classes need tensorflow_datasets)."""
+  class MaskpriorTinyImages(tfds.core.GeneratorBasedBuilder):
+    """Three classes of 8x8 grey images: a bright row, column or diagonal."""
+    VERSION = tfds.core.Version("1.0.0")
 
-  def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(8, 8, 1)), "label": tfds.features.ClassLabel(num_classes=3)}))
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          "image": tfds.features.Image(shape=(8, 8, 1)), "label": tfds.features.ClassLabel(num_classes=3)}))
 
-  def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples(96, 0), "test": self._generate_examples(30, 1)}
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(96, 0), "test": self._generate_examples(30, 1)}
 
-  def _generate_examples(self, n, seed):
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-      img = rng.integers(0, 60, (8, 8)).astype(np.uint8)
-      label, k = i % 3, rng.integers(0, 8)
-      if label == 0:
-        img[k] = 255
-      elif label == 1:
-        img[:, k] = 255
-      else:
-        img[np.arange(8), np.arange(8)] = 255
-      yield i, {"image": PIL.fromarray(img), "label": label}
+    def _generate_examples(self, n, seed):
+      rng = np.random.default_rng(seed)
+      for i in range(n):
+        img = rng.integers(0, 60, (8, 8)).astype(np.uint8)
+        label, k = i % 3, rng.integers(0, 8)
+        if label == 0:
+          img[k] = 255
+        elif label == 1:
+          img[:, k] = 255
+        else:
+          img[np.arange(8), np.arange(8)] = 255
+        yield i, {"image": PIL.fromarray(img), "label": label}
 
 
-class MaskpriorTinyText(tfds.core.GeneratorBasedBuilder):
-  VERSION = tfds.core.Version("1.0.0")
+  class MaskpriorTinyText(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
 
-  def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
 
-  def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples(0), "test": self._generate_examples(1)}
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(0), "test": self._generate_examples(1)}
 
-  def _generate_examples(self, seed):
-    words = ["mask", "prior", "attention", "bias", "head", "layer"]
-    rng = np.random.default_rng(seed)
-    for i in range(20):
-      yield i, {"text": " ".join(rng.choice(words, 40))}
+    def _generate_examples(self, seed):
+      words = ["mask", "prior", "attention", "bias", "head", "layer"]
+      rng = np.random.default_rng(seed)
+      for i in range(20):
+        yield i, {"text": " ".join(rng.choice(words, 40))}
+  return MaskpriorTinyImages, MaskpriorTinyText
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
+  """TFDS-only tests need tensorflow_datasets and PIL (the `data` extra); the embedded-data tests
+  below do not, and run without them."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  PIL = pytest.importorskip("PIL.Image")
   d = tmp_path_factory.mktemp("tfds")
-  for cls in (MaskpriorTinyImages, MaskpriorTinyText):
+  for cls in _builders(tfds, PIL):
     cls(data_dir=str(d), file_format="array_record").download_and_prepare()
   return d
 
@@ -97,6 +101,7 @@ def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
 
 
 def test_missing_dataset_is_a_one_line_error(tmp_path, capsys):
+  pytest.importorskip("tensorflow_datasets")
   rc = cli.main(["vision", "--dataset", "cifar10", "--data-dir", str(tmp_path / "empty"),
                  "--workdir", str(tmp_path / "w"), *SHORT])
   assert rc == 2

@@ -13,69 +13,25 @@ import json
 import pathlib
 import sys
 
+from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
-
-BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
-__all__ = ["main", "parse_seeds", "exploration_seeds", "UsageError", "build_parser"]
+from maskprior_jax.bench.results import BENCHMARKS, ReportError, prepare_workdir
+__all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
 
 def _command(name: str):
   return importlib.import_module(f"maskprior_jax.bench.{name}.run").COMMAND
 
 
-def _parse_list(text: str, allowed, what: str) -> list[str]:
-  items = [t.strip() for t in text.split(",") if t.strip()]
-  bad = [t for t in items if t not in allowed]
-  if bad or not items:
-    raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(allowed)}")
-  return items
-
-
-def parse_seeds(text: str) -> list[int]:
-  """--seeds: a count K (seeds 0..K-1), a range "A-B" (A..B inclusive) or a list "A,B,C"."""
-  text = text.strip()
-  try:
-    if "," in text:
-      seeds = [int(t) for t in text.split(",") if t.strip()]
-    elif "-" in text[1:]:
-      lo, hi = (int(t) for t in text.split("-"))
-      if hi < lo:
-        raise ValueError
-      seeds = list(range(lo, hi + 1))
-    else:
-      seeds = list(range(int(text)))
-      if not seeds:
-        raise UsageError("--seeds must be at least 1")
-  except UsageError:
-    raise
-  except ValueError:
-    raise UsageError(f"--seeds must be a count (5), a range (0-9) or a list (3,5,8), not {text!r}") from None
-  if not seeds or min(seeds) < 0:
-    raise UsageError(f"--seeds must name non-negative seeds, not {text!r}")
-  if len(set(seeds)) != len(seeds):
-    raise UsageError(f"--seeds names a seed twice: {text!r}")
-  return seeds
-
-
-def exploration_seeds(text: str, confirmation_seeds) -> list[int]:
-  """--seeds of an exploration script: parsed as `parse_seeds`, and refused if any is a
-  confirmation seed (those are run once, for the headline)."""
-  seeds = parse_seeds(text)
-  if set(seeds) & set(confirmation_seeds):
-    raise UsageError(f"exploration may not use the confirmation seeds {tuple(confirmation_seeds)}")
-  return seeds
-
-
 def cmd_benchmark(args) -> int:
   """Any benchmark: config, methods and seeds, the benchmark's own checks, the run folder, the run."""
-  from maskprior_jax.bench.results import prepare_workdir
   command = _command(args.command)
   cfg = apply_overrides(load_config_file(args.config) if args.config else builtin_config(args.command), args.overrides)
   import jax
   if jax.process_count() > 1 and not cfg.train.data_parallel:
     raise UsageError(f"{jax.process_count()} processes train one run together: add "
                      "--config.train.data_parallel=True (each process then feeds its share of every batch)")
-  methods = _parse_list(args.methods, command.methods, "method")
+  methods = parse_list(args.methods, command.methods, "method")
   seeds = parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)
   workdir = pathlib.Path(args.workdir)
@@ -103,8 +59,9 @@ def cmd_report(args) -> int:
   for i, (_, res) in enumerate(r for r in loaded if r[1]["benchmark"] != "boolean"):   # one table per run folder
     print(report(res["benchmark"]).table(res))
     if out is not None:
-      (out / f"{res['benchmark']}_{i}").mkdir(parents=True, exist_ok=True)
-      report(res["benchmark"]).write_report(res, out / f"{res['benchmark']}_{i}")
+      dest = out / f"{res['benchmark']}_{i}"
+      dest.mkdir(parents=True, exist_ok=True)
+      report(res["benchmark"]).write_report(res, dest)
   boolean = [r for r in loaded if r[1]["benchmark"] == "boolean"]
   if boolean:
     print(report("boolean").report(boolean, out))
@@ -173,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
   from maskprior_jax.bench.arithmetic.tasks import DataError
   from maskprior_jax.bench.boolean.tasks import TaskSpecError
   from maskprior_jax.bench.data import DataError as DatasetError
-  from maskprior_jax.bench.results import ReportError
   from maskprior_jax.checkpoint import Preempted
   from maskprior_jax.train import NonFiniteLoss
   try:

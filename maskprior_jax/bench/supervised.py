@@ -205,9 +205,14 @@ def _final_eval(model, pb, stacked, chunk: int = 512) -> dict:
   return {"test_accuracy": tot_right / tot_n, "test_loss": mean_ce}
 
 
-def command(kind: str, help: str, dataset_help: str, load_problem, validate) -> runner.Command:
-  """The `maskprior vision` / `maskprior language` subcommand: --dataset and --data-dir over the
-  config, the data loaded (and found) before anything is written, then `run`."""
+def entry_points(kind: str, help: str, dataset_help: str, load_problem, validate):
+  """What `bench.vision` and `bench.language` export: `run(cfg, methods, seeds, workdir, log=print)`
+  (validate, load the config's Problem, run) and `COMMAND`, the `maskprior KIND` subcommand
+  (--dataset and --data-dir over the config, the data loaded and found before anything is written)."""
+  def run_from_config(cfg, methods, seeds, workdir, log=print) -> dict:
+    validate(cfg)
+    return run(cfg, load_problem(cfg, jax.process_index(), jax.process_count()), methods, seeds, workdir, log=log)
+
   def add_arguments(p) -> None:
     p.add_argument("--dataset", help=dataset_help)
     p.add_argument("--data-dir", dest="data_dir", help="TFDS data_dir holding the prepared dataset (array_record; "
@@ -226,5 +231,6 @@ def command(kind: str, help: str, dataset_help: str, load_problem, validate) -> 
 
   def run_command(cfg, problem, methods, seeds, workdir) -> str:
     return report.table(run(cfg, problem, methods, seeds, workdir))
-  return runner.Command(name=kind, help=help, methods=METHODS, add_arguments=add_arguments, prepare=prepare,
-                        run=run_command)
+  command = runner.Command(name=kind, help=help, methods=METHODS, add_arguments=add_arguments, prepare=prepare,
+                           run=run_command)
+  return run_from_config, command

@@ -4,10 +4,7 @@ learnable offset table.
 """
 from __future__ import annotations
 
-import pathlib
-from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -56,13 +53,7 @@ def load_problem(cfg, process_index: int = 0, process_count: int = 1) -> supervi
             "test_windows": n_win, "unigram_bits_per_char": data_lib.unigram_bits(ds.train, ds.test)}, **common)
 
 
-def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int], workdir: pathlib.Path,
-        log=print) -> dict:
-  validate(cfg)
-  return supervised.run(cfg, load_problem(cfg, jax.process_index(), jax.process_count()), methods, seeds,
-                        workdir, log=log)
-
-
-COMMAND = supervised.command("language", "byte-level LM (or text classification) with a 1-D recency prior",
-                             "pydoc (embedded, the default) or a prepared TFDS text dataset: tiny_shakespeare, imdb_reviews",
-                             load_problem, validate)
+# run(cfg, methods, seeds, workdir): the benchmark from a config; COMMAND: `maskprior language`.
+run, COMMAND = supervised.entry_points("language", "byte-level LM (or text classification) with a 1-D recency prior",
+                                       "pydoc (embedded, the default) or a prepared TFDS text dataset: tiny_shakespeare, imdb_reviews",
+                                       load_problem, validate)

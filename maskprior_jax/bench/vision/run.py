@@ -4,10 +4,7 @@ kind="impulse", the `qk` method is the structured "impulse" initialization.
 """
 from __future__ import annotations
 
-import pathlib
-from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 
@@ -59,13 +56,7 @@ def load_problem(cfg, process_index: int = 0, process_count: int = 1) -> supervi
             "train_examples": len(train_x), "test_examples": len(test_x)})
 
 
-def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int], workdir: pathlib.Path,
-        log=print) -> dict:
-  validate(cfg)
-  return supervised.run(cfg, load_problem(cfg, jax.process_index(), jax.process_count()), methods, seeds,
-                        workdir, log=log)
-
-
-COMMAND = supervised.command("vision", "ViT classification with a 2-D locality prior",
-                             "digits (embedded, the default) or a prepared TFDS image dataset: mnist, cifar10, ...",
-                             load_problem, validate)
+# run(cfg, methods, seeds, workdir): the benchmark from a config; COMMAND: `maskprior vision`.
+run, COMMAND = supervised.entry_points("vision", "ViT classification with a 2-D locality prior",
+                                       "digits (embedded, the default) or a prepared TFDS image dataset: mnist, cifar10, ...",
+                                       load_problem, validate)

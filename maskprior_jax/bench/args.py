@@ -1,0 +1,48 @@
+"""Command-line values shared by `maskprior` and the experiment scripts: method lists and seed
+lists (a count, a range or a list), and the exploration scripts' refusal of confirmation seeds."""
+from __future__ import annotations
+
+from maskprior_jax.bench.config import UsageError
+
+
+def parse_list(text: str, allowed, what: str) -> list[str]:
+  items = [t.strip() for t in text.split(",") if t.strip()]
+  bad = [t for t in items if t not in allowed]
+  if bad or not items:
+    raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(allowed)}")
+  return items
+
+
+def parse_seeds(text: str) -> list[int]:
+  """--seeds: a count K (seeds 0..K-1), a range "A-B" (A..B inclusive) or a list "A,B,C"."""
+  text = text.strip()
+  try:
+    if "," in text:
+      seeds = [int(t) for t in text.split(",") if t.strip()]
+    elif "-" in text[1:]:
+      lo, hi = (int(t) for t in text.split("-"))
+      if hi < lo:
+        raise ValueError
+      seeds = list(range(lo, hi + 1))
+    else:
+      seeds = list(range(int(text)))
+      if not seeds:
+        raise UsageError("--seeds must be at least 1")
+  except UsageError:
+    raise
+  except ValueError:
+    raise UsageError(f"--seeds must be a count (5), a range (0-9) or a list (3,5,8), not {text!r}") from None
+  if not seeds or min(seeds) < 0:
+    raise UsageError(f"--seeds must name non-negative seeds, not {text!r}")
+  if len(set(seeds)) != len(seeds):
+    raise UsageError(f"--seeds names a seed twice: {text!r}")
+  return seeds
+
+
+def exploration_seeds(text: str, confirmation_seeds) -> list[int]:
+  """--seeds of an exploration script: parsed as `parse_seeds`, and refused if any is a
+  confirmation seed (those are run once, for the headline)."""
+  seeds = parse_seeds(text)
+  if set(seeds) & set(confirmation_seeds):
+    raise UsageError(f"exploration may not use the confirmation seeds {tuple(confirmation_seeds)}")
+  return seeds
