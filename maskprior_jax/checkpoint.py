@@ -10,7 +10,9 @@ cannot be read is skipped, with a warning, for the previous one.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import pathlib
 import signal
 import sys
@@ -50,17 +52,30 @@ class SigtermFlag:
       signal.signal(signal.SIGTERM, self._old)
 
 
+def _write_error(e: Exception, directory: pathlib.Path) -> OSError:
+  """An asynchronous save that failed (orbax reports a full disk as a ValueError from its save
+  thread) as an OSError naming the reason and the folder, which the command reports in one line."""
+  text = str(e)
+  code = errno.ENOSPC if "No space left" in text else getattr(e, "errno", None) or errno.EIO
+  return OSError(code, f"{os.strerror(code)} (checkpoint save failed)", str(directory))
+
+
 class Checkpointer:
   def __init__(self, directory: pathlib.Path, max_to_keep: int = 2):
     self.directory = pathlib.Path(directory).absolute()
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+    self._failed = False
 
   def save(self, step: int, state: Any, record: dict, *, wait: bool = False) -> None:
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    record=ocp.args.JsonSave(record)), force=True)
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      record=ocp.args.JsonSave(record)), force=True)
+    except Exception as e:   # a failed earlier asynchronous save surfaces here
+      self._failed = True
+      raise _write_error(e, self.directory) from None
     if wait:
-      self.manager.wait_until_finished()
+      self.wait()
 
   def restore_latest(self, abstract_state: Any) -> tuple[Any, dict] | None:
     """The newest readable checkpoint as (state, record), or None if there is none."""
@@ -81,12 +96,23 @@ class Checkpointer:
     return None
 
   def wait(self):
-    """Block until asynchronous saves are on disk."""
-    self.manager.wait_until_finished()
+    """Block until asynchronous saves are on disk; a failed save raises OSError once (see
+    `_write_error`), later waits return."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      if self._failed:
+        return
+      self._failed = True
+      raise _write_error(e, self.directory) from None
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    self.wait()
+    try:
+      self.manager.close()
+    except Exception:   # a failed save was reported already; closing must not mask it
+      if not self._failed:
+        raise
 
 
 def tree_sha256(tree: Any) -> str:

@@ -77,6 +77,14 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def broadcast_flag(flag: bool) -> bool:
+  """Process 0's `flag` in every process (itself for one process)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+
 def host_tree(tree):
   """The same pytree as numpy arrays in every process: fully addressable or fully replicated
   leaves are read locally, leaves sharded over other processes' devices are all-gathered."""

@@ -26,7 +26,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from maskprior_jax import checkpoint as ckpt
-from maskprior_jax import distributed, optim
+from maskprior_jax import distributed, faults, optim
 from maskprior_jax.sharding import batch_sharding, data_mesh, fsdp_sharding, replicated
 
 __all__ = ["LoopSettings", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
@@ -380,13 +380,17 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
+  faults.point("compile")
   progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
   progress.last_step = done
 
   def save(step, wait=False):
     # The arrays as they lie on the devices: orbax writes each process's shards from that process.
     if checkpointer is not None:
-      checkpointer.save(step, states, {"step": step, "history": history}, wait=wait)
+      checkpointer.save(step, states, {"step": step, "history": history}, wait=False)
+      faults.point("save")
+      if wait:
+        checkpointer.wait()
 
   def check_finite():
     """At a sync point: stop if any seed met a non-finite loss (its state is the last good one)."""
@@ -407,6 +411,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
           states, metrics = call(states, place(batch))
         done += steps_per_call
+        faults.point("step")
         log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
         term = sigterm.raised   # read once: a signal arriving later is handled at the next step
         save_now = (checkpoint_every and done % checkpoint_every == 0) or done == steps or term
@@ -418,6 +423,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
         if eval_now:
           history.append({"step": done, **_host(eval_fn(done, states.variables))})
+          faults.point("eval")
         if save_now:
           save(done, wait=done == steps or term)
         if term:

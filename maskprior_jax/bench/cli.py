@@ -15,7 +15,8 @@ import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
-from maskprior_jax.bench.results import BENCHMARKS, ReportError, prepare_workdir
+from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
+from maskprior_jax.bench.workdir import WorkdirBusy
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
 
@@ -34,15 +35,15 @@ def cmd_benchmark(args) -> int:
   methods = parse_list(args.methods, command.methods, "method")
   seeds = parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)
-  workdir = pathlib.Path(args.workdir)
-  prepare_workdir(workdir, record, args.fresh)
-  print(command.run(cfg, context, methods, seeds, workdir))
+  with open_workdir(pathlib.Path(args.workdir), record, args.fresh, " ".join(["maskprior", *args.argv])) as workdir:
+    print(command.run(cfg, context, methods, seeds, workdir))
   print(f"results in {workdir}")
   return 0
 
 
 def cmd_report(args) -> int:
-  """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled."""
+  """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
+  results.json that cannot be read is named in one line and skipped (exit status 1)."""
   found = []
   for d in map(pathlib.Path, args.dirs):
     if not d.exists():
@@ -50,7 +51,16 @@ def cmd_report(args) -> int:
     found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
   if not found:
     raise UsageError(f"no results.json in {', '.join(args.dirs)} or their subfolders")
-  loaded = [(p, json.loads(p.read_text())) for p in found]
+  loaded, damaged = [], []
+  for p in found:
+    try:
+      loaded.append((p, json.loads(p.read_text())))
+    except ValueError as e:   # unparsable: named in one line and skipped
+      damaged.append(f"{p} is unreadable ({str(e).splitlines()[0][:100]})")
+  if not loaded:
+    raise UsageError("; ".join(damaged) + "; nothing else to report")
+  for line in damaged:
+    print(f"maskprior: warning: {line}; skipped", file=sys.stderr)
   for path, res in loaded:
     if res.get("benchmark") not in BENCHMARKS:
       raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
@@ -65,7 +75,7 @@ def cmd_report(args) -> int:
   boolean = [r for r in loaded if r[1]["benchmark"] == "boolean"]
   if boolean:
     print(report("boolean").report(boolean, out))
-  return 0
+  return 1 if damaged else 0
 
 
 CONFIG_HELP = """config overrides:
@@ -120,7 +130,7 @@ def _start_processes(args) -> None:
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
-  args.overrides = [a for a in argv if a.startswith("--config.")]
+  args.overrides, args.argv = [a for a in argv if a.startswith("--config.")], argv
   if args.command != "report":
     try:
       _start_processes(args)
@@ -134,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
   from maskprior_jax.train import NonFiniteLoss
   try:
     return args.fn(args)
-  except (ConfigError, UsageError, TaskSpecError, DataError, DatasetError, ReportError) as e:
+  except (ConfigError, UsageError, TaskSpecError, DataError, DatasetError, ReportError, WorkdirBusy) as e:
     print(f"maskprior: error: {e}", file=sys.stderr)
     return 2
   except NonFiniteLoss as e:

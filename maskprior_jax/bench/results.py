@@ -6,6 +6,7 @@ Every results.json carries a `benchmark` field ("boolean", "arithmetic", "vision
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.distributed import barrier, is_main_process
 
 BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
@@ -27,13 +29,22 @@ class ReportError(ValueError):
   """Run folders that cannot be reported together (reported as one line)."""
 
 
-def prepare_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
-  """Called once every input is known good, before anything is written. A workdir that holds a
-  run of a different config or command is an error unless `fresh` (then its contents are
-  deleted); one that cannot be created or written is a one-line error (`config.UsageError`). Seeds
-  and methods are not part of the record: more of either can be added to a workdir (finished
-  (method, seed) runs are kept). Writes run_config.json; process 0 alone writes."""
+@contextlib.contextmanager
+def open_workdir(workdir: pathlib.Path, record: dict, fresh: bool, command: str):
+  """The run folder for one command, held for the command's whole run. Entered once every input
+  is known good, before anything is written:
+
+  - a workdir that cannot be created or written is a one-line error (`config.UsageError`);
+  - the folder is locked (`workdir.WorkdirLock`, taken by process 0, the others follow): another
+    command on it stops with one line naming the holder (`workdir.WorkdirBusy`);
+  - a workdir that holds a run of a different config or command is an error unless `fresh` (then
+    its contents are deleted). Seeds and methods are not part of the record: more of either can
+    be added to a workdir (finished (method, seed) runs are kept). A damaged run_config.json is
+    set aside and written anew.
+  Writes run_config.json; process 0 alone writes."""
   from maskprior_jax.bench.config import UsageError
+  from maskprior_jax.distributed import broadcast_flag
+  workdir = pathlib.Path(workdir)
   cfg_path = workdir / "run_config.json"
   record = json.loads(json.dumps(record, sort_keys=True))  # as stored: tuples become lists
   if workdir.exists() and not workdir.is_dir():
@@ -43,19 +54,33 @@ def prepare_workdir(workdir: pathlib.Path, record: dict, fresh: bool) -> None:
     raise UsageError(f"cannot create --workdir {workdir}: {existing} is a file")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UsageError(f"cannot write in --workdir {workdir}: {existing} is not writable")
-  if cfg_path.exists() and not fresh:
-    old = json.loads(cfg_path.read_text())
-    if old != record:
+  def check_record(move: bool) -> None:
+    old = None if fresh else workdir_lib.read_json(cfg_path, lambda r: isinstance(r, dict), move=move)
+    if old is not None and old != record:
       raise UsageError(f"{workdir} holds a run with a different config or command; use another "
                        f"--workdir, or --fresh to start over there")
-  if is_main_process():   # with several processes, only process 0 writes
-    workdir.mkdir(parents=True, exist_ok=True)
-    if fresh:
-      import shutil
-      for child in workdir.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
-    cfg_path.write_text(json.dumps(record, indent=1, sort_keys=True))
-  barrier("maskprior_workdir_ready")
+  check_record(move=False)   # before the lock: a refused command leaves the folder as it was
+  lock, busy = workdir_lib.WorkdirLock(workdir, command), None
+  if is_main_process():
+    try:
+      lock.acquire()
+    except workdir_lib.WorkdirBusy as e:
+      busy = e
+  if broadcast_flag(busy is not None):   # every process stops when process 0 could not take the folder
+    raise busy or workdir_lib.WorkdirBusy(f"{workdir} is in use by another command")
+  try:
+    check_record(move=is_main_process())   # again under the lock; a damaged record is set aside
+    if is_main_process():   # with several processes, only process 0 writes
+      if fresh:
+        import shutil
+        for child in workdir.iterdir():
+          if child.name != workdir_lib.LOCK_NAME:   # the lock this command holds
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+      workdir_lib.write_text(cfg_path, json.dumps(record, indent=1, sort_keys=True))
+    barrier("maskprior_workdir_ready")
+    yield workdir
+  finally:
+    lock.release()
 
 
 @dataclasses.dataclass
@@ -78,22 +103,15 @@ class RunRecord:
 
 
 def write_json(path: pathlib.Path, obj: Any) -> None:
-  """Write atomically (temp file + rename), so an interrupted write never leaves half a file.
-  Only process 0 writes."""
-  if not is_main_process():
-    return
-  path = pathlib.Path(path)
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
-  os.replace(tmp, path)
+  """Write atomically (`workdir.write_json`: temp file named after host and process, then a
+  rename), so an interrupted write never leaves half a file. Only process 0 writes."""
+  if is_main_process():
+    workdir_lib.write_json(path, obj)
 
 
-def _json_default(o):
-  if isinstance(o, (np.floating, np.integer)):
-    return o.item()
-  if isinstance(o, np.ndarray):
-    return o.tolist()
-  return str(o)
+def _is_results(obj) -> bool:
+  return isinstance(obj, dict) and isinstance(obj.get("runs"), list) and isinstance(obj.get("curves"), dict) \
+      and obj.get("benchmark") in BENCHMARKS
 
 
 def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header: dict) -> dict:
@@ -107,13 +125,21 @@ def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header
   from maskprior_jax.bench.config import attention_record
   results = {"benchmark": benchmark, **header, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
              "environment": environment(), "attention": attention_record(cfg)}
-  path = workdir / "results.json"
-  if path.exists():
-    old = json.loads(path.read_text())
-    if old.get("config_digest") == digest:
-      results = old
+  main = is_main_process()   # process 0 sets damaged files aside; the others read them as absent
+  old = workdir_lib.read_json(workdir / "results.json", _is_results, move=main)
+  if old is not None and old.get("config_digest") == digest:
+    results = old
+  workdir_lib.read_json(workdir / "config.json", lambda c: isinstance(c, dict), move=main)
+  if workdir_lib.read_jsonl(workdir / "metrics.jsonl", move=main) is None and results["curves"]:
+    _write_metrics(workdir, results)   # rebuilt from results.json's curves
   write_json(workdir / "config.json", cfg.to_dict())
   return results
+
+
+def _write_metrics(workdir: pathlib.Path, results: dict) -> None:
+  write_jsonl(workdir / "metrics.jsonl", [
+      {"method": m, "runs": c.get("runs"), **{k: c[k][t] for k in c if k != "runs"}}
+      for m, c in results["curves"].items() for t in range(len(c["step"]))])
 
 
 def record_method(results: dict, method: str, history: Sequence[dict], wall_s: float,
@@ -132,9 +158,7 @@ def record_method(results: dict, method: str, history: Sequence[dict], wall_s: f
   results["curves"][method] = new
   results["wall_s"][method] = results["wall_s"].get(method, 0.0) + wall_s
   write_json(workdir / "results.json", results)
-  write_jsonl(workdir / "metrics.jsonl", [
-      {"method": m, "runs": c.get("runs"), **{k: c[k][t] for k in c if k != "runs"}}
-      for m, c in results["curves"].items() for t in range(len(c["step"]))])
+  _write_metrics(workdir, results)
 
 
 def seeds_to_run(results: dict, method: str, seeds: Sequence[int]) -> list[int]:
@@ -160,12 +184,8 @@ def environment() -> dict:
 
 def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
   """Rewrite a JSON-lines file atomically (one row per line); only process 0 writes."""
-  if not is_main_process():
-    return
-  path = pathlib.Path(path)
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text("".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
-  os.replace(tmp, path)
+  if is_main_process():
+    workdir_lib.write_jsonl(path, rows)
 
 
 class TensorBoardLog:

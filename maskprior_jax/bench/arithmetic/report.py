@@ -8,6 +8,7 @@ import pathlib
 import numpy as np
 
 from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.workdir import write_text
 
 
 def claim_line(results: dict, threshold: float = 0.9) -> str:
@@ -77,7 +78,7 @@ def table(results: dict) -> str:
 def write_report(results: dict, workdir: pathlib.Path) -> None:
   """table.md and the plots of a run folder."""
   workdir = pathlib.Path(workdir)
-  (workdir / "table.md").write_text(table(results))
+  write_text(workdir / "table.md", table(results))
   methods, sizes = results_lib.methods_in(results), results["train_sizes"]
   if not methods:
     return

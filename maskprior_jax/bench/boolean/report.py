@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.workdir import write_text
 from maskprior_jax.bench.boolean.tasks import TASKS
 from maskprior_jax.bench.runner import METHODS
 
@@ -113,7 +114,7 @@ def degree_table(results: dict) -> str:
 def write_task_report(results: dict, workdir: pathlib.Path) -> None:
   """table.md and the plots of one task's run folder."""
   workdir = pathlib.Path(workdir)
-  (workdir / "table.md").write_text(task_table(results))
+  write_text(workdir / "table.md", task_table(results))
   curves = results["curves"]
   if not curves:
     return
@@ -185,7 +186,7 @@ def headline_table(all_results: Sequence[dict]) -> str:
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
   """summary.md and headline.png over the tasks."""
-  (workdir / "summary.md").write_text(headline_table(all_results))
+  write_text(workdir / "summary.md", headline_table(all_results))
   methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
   fig, ax = results_lib.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
