@@ -122,9 +122,11 @@ def test_kill9_at_a_chosen_moment_then_rerun_ends_on_the_reference_state(referen
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*FILES, "table.md"])
-@pytest.mark.parametrize("how", ["cut", "garble"])
+@pytest.mark.parametrize("name,how", [("results.json", "cut"), ("results.json", "garble"), ("metrics.jsonl", "cut"),
+                                      ("run_config.json", "garble"), ("config.json", "cut"), ("table.md", "garble")])
 def test_a_damaged_run_folder_file_is_set_aside_and_the_rerun_rebuilds_it(reference, tmp_path, name, how):
+  """Each file of a finished run folder cut to half its bytes or garbled (both, for results.json;
+  every file and both damages were tried once: 10 cases, the same outcome)."""
   work = tmp_path / "run"
   shutil.copytree(reference[0], work)
   path = work / name
