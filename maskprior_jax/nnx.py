@@ -1,12 +1,37 @@
-"""NNX interop: the mask-prior collection as its own NNX variable type.
+"""Flax NNX: the mask prior as its own variable type, a native attention module and the optimizer
+helper.
 
-Importing this module registers `MaskPrior` for the "mask_prior" collection, so a Linen
-module wrapped with `flax.nnx.bridge.ToNNX` exposes its bias as `MaskPrior`, not `Param`:
-`nnx.state(model, MaskPrior)` selects it, and `nnx.Optimizer(..., wrt=nnx.Param)` leaves it out.
+- `MaskPrior`: an `nnx.Variable` type for the bias (not a `Param`). Importing this module also
+  registers it for the Linen "mask_prior" collection, so a Linen module wrapped with
+  `flax.nnx.bridge.ToNNX` exposes its bias as `MaskPrior`.
+- `MaskPriorAttention`: an `nnx.Module` with the constructor of `flax.nnx.MultiHeadAttention`
+  (`num_heads`, `in_features`, `qkv_features`, `out_features`, dropout, `normalize_qk`,
+  initialisers, dtypes, `rngs`) plus the mask settings of the Linen module (`mask_init`,
+  `mask_kind`, `max_len`, `grid`, `num_prefix`). Given the same weights it computes what
+  `maskprior_jax.MaskPriorAttention` computes.
+- `mask_prior_optimizer(model, learning_rate, **kw)`: an `nnx.Optimizer` over `Param` and
+  `MaskPrior` with the Linen helper's keywords; the mask gets its own rule, or none when frozen.
+
+Gradients for it come from
+
+    grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, WRT))(model, batch)
+
+with `WRT = nnx.Any(nnx.Param, MaskPrior)` (plain `nnx.grad(loss_fn)` differentiates `Param`s
+only, so the mask would get no gradient).
 """
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 from flax import nnx
 
-from maskprior_jax.attention import MASK_PRIOR
+from maskprior_jax import optim
+from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
+                                     _fused_attention, _layout, expand_mask, mask_shape)
 
 
 class MaskPrior(nnx.Variable):
@@ -14,3 +39,143 @@ class MaskPrior(nnx.Variable):
 
 
 nnx.register_variable_name(MASK_PRIOR, MaskPrior, overwrite=True)
+
+# What the mask-prior optimizer updates, and what gradients must be taken with respect to.
+WRT = nnx.Any(nnx.Param, MaskPrior)
+DEFAULT_KERNEL_INIT = nnx.initializers.lecun_normal()   # as the Linen module and Flax's attention
+DEFAULT_BIAS_INIT = nnx.initializers.zeros_init()
+
+
+class MaskPriorAttention(nnx.Module):
+  """Multi-head dot-product attention with a learnable additive mask prior, for Flax NNX.
+
+  Arguments as `flax.nnx.MultiHeadAttention` (`num_heads`, `in_features`, `qkv_features`,
+  `out_features`, `dtype`, `param_dtype`, `broadcast_dropout`, `dropout_rate`, `deterministic`,
+  `precision`, `kernel_init`, `out_kernel_init`, `bias_init`, `out_bias_init`, `use_bias`,
+  `normalize_qk`, `rngs`), plus:
+    mask_init: initializer `(key, shape, dtype) -> B` or an array broadcast to the stored shape;
+      None: plain attention (no `MaskPrior` is created).
+    mask_kind, max_len, grid, num_prefix: as in the Linen module (`attention.MASK_LAYOUTS`). NNX
+      creates the bias when the module is built, so the kinds "full" and "shared" need `max_len`
+      (the longest sequence; a shorter one uses the bias's top-left block), and "relative_2d"
+      holds `grid[0] * grid[1] + num_prefix` tokens.
+    implementation: None/"xla", "cudnn" or "auto" (see `attention.attention_implementation`).
+  The bias lives in `self.mask_prior` (a `MaskPrior`); query/key/value/out are `nnx.LinearGeneral`
+  with the Linen module's parameter shapes, so weights copy across one to one.
+  Not supported yet: `decode` (a key/value cache), `num_kv_heads`, `attention_fn`.
+  """
+
+  def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
+               out_features: int | None = None, *, dtype: Any = None, param_dtype: Any = jnp.float32,
+               broadcast_dropout: bool = True, dropout_rate: float = 0.0, deterministic: bool | None = None,
+               precision: Any = None, kernel_init=DEFAULT_KERNEL_INIT, out_kernel_init=None,
+               bias_init=DEFAULT_BIAS_INIT, out_bias_init=None, use_bias: bool = True,
+               decode: bool | None = None, normalize_qk: bool = False, mask_init=None, mask_kind: str = "full",
+               max_len: int | None = None, grid: tuple[int, int] | None = None, num_prefix: int = 0,
+               implementation: str | None = None, rngs: nnx.Rngs):
+    if decode:
+      raise NotImplementedError("MaskPriorAttention (NNX): decode=True (a key/value cache) is not supported yet")
+    _layout(mask_kind)
+    qkv_features = qkv_features or in_features
+    if qkv_features % num_heads:
+      raise ValueError(f"qkv_features={qkv_features} is not divisible by num_heads={num_heads}")
+    self.num_heads, self.head_dim = num_heads, qkv_features // num_heads
+    self.in_features, self.out_features = in_features, out_features or in_features
+    self.dtype, self.precision, self.implementation = dtype, precision, implementation
+    self.broadcast_dropout, self.dropout_rate, self.deterministic = broadcast_dropout, dropout_rate, deterministic
+    self.mask_kind, self.max_len, self.grid, self.num_prefix = mask_kind, max_len, grid, num_prefix
+    self.rngs = rngs.fork() if dropout_rate > 0 else None
+
+    def proj(**kw):
+      return nnx.LinearGeneral(in_features, (num_heads, self.head_dim), axis=-1, dtype=dtype, param_dtype=param_dtype,
+                               kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias, precision=precision,
+                               rngs=rngs, **kw)
+    self.query, self.key, self.value = proj(), proj(), proj()
+    self.out = nnx.LinearGeneral((num_heads, self.head_dim), self.out_features, axis=(-2, -1), dtype=dtype,
+                                 param_dtype=param_dtype, kernel_init=out_kernel_init or kernel_init,
+                                 bias_init=out_bias_init or bias_init, use_bias=use_bias, precision=precision,
+                                 rngs=rngs)
+    ln = lambda: nnx.LayerNorm(self.head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    # as Flax: LayerNorm over the head dimension (scale only) of queries and keys
+    self.query_ln, self.key_ln = (ln(), ln()) if normalize_qk else (None, None)
+    prior = None
+    if mask_init is not None:
+      length = self._stored_length(mask_init)
+      shape = mask_shape(mask_kind, num_heads, length, length, max_len=max_len, grid=grid)
+      prior = MaskPrior(_checked_init(mask_init, rngs.params(), shape, param_dtype, mask_kind))
+    self.mask_prior = prior
+
+  def _stored_length(self, mask_init) -> int:
+    if self.mask_kind == "relative_2d":
+      if self.grid is None:
+        raise ValueError("mask_kind='relative_2d' needs grid=(height, width)")
+      return self.grid[0] * self.grid[1] + self.num_prefix
+    if self.max_len is not None:
+      return self.max_len
+    if self.mask_kind in ("full", "shared") and not callable(mask_init) and np.ndim(mask_init) >= 2:
+      return int(np.shape(mask_init)[-1])   # an array prior says its own length
+    raise ValueError(f"mask_kind={self.mask_kind!r} in NNX needs max_len (the longest sequence)")
+
+  def dense_bias(self, q_len: int, kv_len: int) -> jax.Array | None:
+    """The mask prior as a dense (heads or 1, q_len, kv_len) logit bias (None without one)."""
+    if self.mask_prior is None:
+      return None
+    stored = self.mask_prior[...]
+    if self.mask_kind in ("full", "shared"):
+      if max(q_len, kv_len) > stored.shape[-1]:
+        raise ValueError(f"sequence length {max(q_len, kv_len)} exceeds the mask prior's {stored.shape[-1]}")
+      stored = stored[..., :q_len, :kv_len]
+    return expand_mask(stored, self.mask_kind, q_len, kv_len, max_len=self.max_len, grid=self.grid,
+                       num_prefix=self.num_prefix)
+
+  def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None,
+               *, mask: jax.Array | None = None, bias: jax.Array | None = None, deterministic: bool | None = None,
+               rngs: nnx.Rngs | None = None, sow_weights: bool = False) -> jax.Array:
+    """As `flax.nnx.MultiHeadAttention.__call__` (self-attention when `inputs_k`/`inputs_v` are
+    None); `mask` is boolean (False excludes a pair), `bias` an extra additive logit bias."""
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    inputs_v = inputs_k if inputs_v is None else inputs_v
+    query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
+    if self.query_ln is not None:
+      query, key = self.query_ln(query), self.key_ln(key)
+    prior = self.dense_bias(query.shape[-3], key.shape[-3])
+    total = prior if bias is None else (bias if prior is None else bias + prior)
+    if self.dropout_rate > 0.0:
+      deterministic = self.deterministic if deterministic is None else deterministic
+      if deterministic is None:
+        raise ValueError("dropout_rate > 0 needs deterministic=True or False (argument or attribute)")
+    else:
+      deterministic = True
+    if not deterministic or sow_weights or query.dtype == jnp.float64:
+      weights = _attention_weights(query, key, total, mask, self.precision)
+      if sow_weights:
+        self.sow(nnx.Intermediate, ATTENTION_WEIGHTS, weights)
+      if not deterministic:
+        rng = (rngs or self.rngs).dropout()
+        keep_shape = weights.shape[:-2] + (1, weights.shape[-1]) if self.broadcast_dropout else weights.shape
+        keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, keep_shape)
+        weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
+      out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(self.dtype or query.dtype), value,
+                       precision=self.precision)
+    else:
+      out = _fused_attention(query, key, value, total, mask, self.implementation)
+    return self.out(out)
+
+
+def mask_prior_optimizer(model: nnx.Module, learning_rate, **kw) -> nnx.Optimizer:
+  """An `nnx.Optimizer` over the model's `Param`s and `MaskPrior`s: the base rule on `Param`s and
+  the mask's own rule on `MaskPrior`s (keywords of `maskprior_jax.optim.mask_prior_optimizer`:
+  `name`, `weight_decay`, `b1`, `b2`, `mask_learning_rate`, `mask_lr_multiplier`,
+  `mask_weight_decay`, `freeze_mask` (the bias then stays bit for bit), `grad_clip_norm`). Other
+  variable types (`BatchStat`, `Cache`, ...) are never touched. Use it with
+  `grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, WRT))(model, ...)` and
+  `optimizer.update(model, grads)`."""
+  grad_clip_norm = kw.pop("grad_clip_norm", None)
+  params_tx, mask_tx = optim.mask_rules(learning_rate, **kw)
+  state = nnx.state(model, WRT)
+  kinds = ["mask" if isinstance(v, MaskPrior) else "params"
+           for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+  # nnx.Optimizer hands optax plain arrays (`nnx.as_pure`), so the labels are a tree of the same shape.
+  labels = jax.tree.unflatten(jax.tree.structure(nnx.as_pure(state)), kinds)
+  tx = optax.partition({"params": params_tx, "mask": mask_tx or optax.set_to_zero()}, labels)
+  return nnx.Optimizer(model, optim.clipped(tx, grad_clip_norm), wrt=WRT)

@@ -62,6 +62,20 @@ def base_optimizer(name: str, learning_rate: float | Schedule, weight_decay: flo
   raise ValueError(f"unknown optimizer {name!r}; use adam, adamw or sgd")
 
 
+def mask_rules(learning_rate: float | Schedule, *, name: str = "adamw", weight_decay: float = 0.0,
+               b1: float = 0.9, b2: float = 0.999, mask_learning_rate: float | Schedule | None = None,
+               mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
+               freeze_mask: bool = False) -> tuple[optax.GradientTransformation, optax.GradientTransformation | None]:
+  """(the weights' rule, the mask's rule or None when frozen): the base optimizer, and the same
+  rule with the mask's own learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times
+  the base, schedules included) and its own weight decay (0 by default)."""
+  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2)
+  if freeze_mask:
+    return params_tx, None
+  mask_lr = mask_learning_rate if mask_learning_rate is not None else _scaled(learning_rate, mask_lr_multiplier)
+  return params_tx, base_optimizer(name, mask_lr, mask_weight_decay, b1, b2)
+
+
 def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw",
                          weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
                          mask_learning_rate: float | Schedule | None = None,
@@ -70,13 +84,14 @@ def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw"
                          grad_clip_norm: float | None = None) -> optax.GradientTransformation:
   """The base optimizer for "params", and for "mask_prior" the same rule with its own
   learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times the base, schedules
-  included) and its own weight decay (0 by default), or frozen."""
-  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2)
-  mask_tx = None
-  if not freeze_mask:
-    mask_lr = mask_learning_rate if mask_learning_rate is not None else _scaled(learning_rate, mask_lr_multiplier)
-    mask_tx = base_optimizer(name, mask_lr, mask_weight_decay, b1, b2)
-  tx = with_mask_transform(params_tx, mask_tx)
-  if grad_clip_norm:
-    tx = optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx)
-  return tx
+  included) and its own weight decay (0 by default), or frozen (see `mask_rules`); gradients
+  clipped to `grad_clip_norm` first if given. For Flax NNX models: `maskprior_jax.nnx.mask_prior_optimizer`."""
+  params_tx, mask_tx = mask_rules(learning_rate, name=name, weight_decay=weight_decay, b1=b1, b2=b2,
+                                  mask_learning_rate=mask_learning_rate, mask_lr_multiplier=mask_lr_multiplier,
+                                  mask_weight_decay=mask_weight_decay, freeze_mask=freeze_mask)
+  return clipped(with_mask_transform(params_tx, mask_tx), grad_clip_norm)
+
+
+def clipped(tx: optax.GradientTransformation, grad_clip_norm: float | None) -> optax.GradientTransformation:
+  """`tx` after global-norm clipping of the gradient to `grad_clip_norm` (unchanged if None or 0)."""
+  return optax.chain(optax.clip_by_global_norm(grad_clip_norm), tx) if grad_clip_norm else tx

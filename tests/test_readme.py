@@ -18,6 +18,22 @@ def test_readme_example_runs_and_trains_the_mask():
   assert not np.array_equal(np.asarray(b0), np.asarray(b1))
 
 
+def test_readme_nnx_example_runs_and_moves_the_mask():
+  code = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[1]
+  assert "nnx" in code
+  scope = {}
+  exec(compile(code, "README.md", "exec"), scope)
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from maskprior_jax import nnx as mpx
+  fresh = scope["MyModel"](nnx.Rngs(0))
+  b0 = jax.tree.leaves(nnx.state(fresh, mpx.MaskPrior))[0]
+  b1 = jax.tree.leaves(nnx.state(scope["model"], mpx.MaskPrior))[0]
+  assert b0.shape == (4, 16, 16) and not np.array_equal(np.asarray(b0), np.asarray(b1))
+
+
 def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
   from maskprior_jax.bench import cli
   assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
