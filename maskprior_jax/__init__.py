@@ -8,10 +8,11 @@ The mask's path through the library, one file each:
 The benchmarks live beside the library in `maskprior_jax.bench` (extra "bench").
 """
 from maskprior_jax import priors
-from maskprior_jax.attention import ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAttention, MaskSettings
+from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAttention, MaskSettings,
+                                     dot_product_attention)
 from maskprior_jax.optim import mask_prior_optimizer, with_mask_transform
 
 __version__ = "0.2.0"
 
 __all__ = ["MASK_PRIOR", "ATTENTION_WEIGHTS", "MaskPriorAttention", "MaskSettings", "priors",
-           "mask_prior_optimizer", "with_mask_transform", "__version__"]
+           "mask_prior_optimizer", "with_mask_transform", "dot_product_attention", "__version__"]

@@ -199,8 +199,9 @@ class MaskPriorAttention(nn.Module):
     num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
     implementation: None or "xla" (XLA's attention; what None means in this JAX version),
       "cudnn" (cuDNN's fused kernel; GPU only, and its support for a learnable bias and its
-      gradient depends on shape and dtype), or "auto": cuDNN where `attention_implementation`
-      says it is safe for this call, XLA otherwise.
+      gradient depends on shape and dtype), "blockwise" (`maskprior_jax.blockwise`: memory per
+      key block, any backend), or "auto": cuDNN where `attention_implementation` says it is safe
+      for this call, XLA otherwise.
     dtype / param_dtype / precision / kernel_init / out_kernel_init / bias_init /
       out_bias_init / use_bias: as in Flax.
 
@@ -282,8 +283,9 @@ class MaskPriorAttention(nn.Module):
     compute_dtype = self.dtype or query.dtype
     sow = self.sow_weights or sow_weights or self.is_mutable_collection("intermediates")
     # Explicit path where the weights are needed (dropout, persistence measurements), and for
-    # float64, which the fused path would round to float32 inside its softmax.
-    if not deterministic or sow or query.dtype == jnp.float64:
+    # float64, which XLA's fused path would round to float32 inside its softmax (the blockwise path
+    # keeps float64).
+    if not deterministic or sow or (query.dtype == jnp.float64 and self.implementation != "blockwise"):
       weights = _attention_weights(query, key, total_bias, mask, self.precision)
       if sow:
         self.sow("intermediates", ATTENTION_WEIGHTS, weights)
@@ -304,23 +306,45 @@ class MaskPriorAttention(nn.Module):
                            name="out")(out)
 
 
+IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
+
+
 def attention_implementation(requested: str | None, dtype, bias_batch: int | None,
                              backend: str | None = None) -> str:
-  """The attention path a call will use: "xla" or "cudnn".
+  """The attention path a call will use: "xla", "cudnn" or "blockwise".
 
   "auto" picks cuDNN only on a GPU, for bfloat16/float16 inputs, and where the bias (if any) has a
   batch dimension of 1 (cuDNN computes the bias gradient only then; a float32 bias has been
   reported to give NaNs); everything else runs XLA. None means "xla" (this JAX version's choice).
+  "blockwise" (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length
+  per block, and returns the bias gradient at the bias's own size.
   """
   if requested in (None, "xla"):
     return "xla"
-  if requested == "cudnn":
-    return "cudnn"
+  if requested in ("cudnn", "blockwise"):
+    return requested
   if requested != "auto":
-    raise ValueError(f"implementation must be None, 'xla', 'cudnn' or 'auto', not {requested!r}")
+    raise ValueError(f"implementation must be None, 'xla', 'cudnn', 'blockwise' or 'auto', not {requested!r}")
   backend = backend or jax.default_backend()
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
   return "cudnn" if backend == "gpu" and half and bias_batch in (None, 1) else "xla"
+
+
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
+                          mask: jax.Array | None = None, *, implementation: str | None = None,
+                          block_size: int = 128) -> jax.Array:
+  """softmax(q.k/sqrt(H) + bias, where mask) . v with `jax.nn.dot_product_attention`'s layout:
+  query (B, T, N, H), key/value (B, S, N, H), bias (additive) and mask (boolean, False excludes)
+  broadcastable to (B, N, T, S). implementation: None/"xla" (XLA's attention), "cudnn" (GPU, where
+  cuDNN supports the case), "blockwise" (pure JAX, any backend: key blocks of `block_size` with an
+  online softmax and a custom VJP that recomputes scores block by block; the bias gradient comes
+  back at the bias's own size), or "auto" (see `attention_implementation`)."""
+  bias_batch = None if bias is None else (jnp.shape(bias)[0] if jnp.ndim(bias) == 4 else 1)
+  impl = attention_implementation(implementation, query.dtype, bias_batch)
+  if impl == "blockwise":
+    from maskprior_jax.blockwise import blockwise_attention
+    return blockwise_attention(query, key, value, bias, mask, block_size)
+  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, implementation=impl)
 
 
 def _fused_attention(query, key, value, bias, mask, implementation):
@@ -346,8 +370,7 @@ def _fused_attention(query, key, value, bias, mask, implementation):
   mask4 = batch4(mask)
   if mask4 is not None:
     mask4 = mask4.astype(bool)
-  impl = attention_implementation(implementation, q.dtype, None if bias4 is None else bias4.shape[0])
-  out = jax.nn.dot_product_attention(q, k, v, bias=bias4, mask=mask4, implementation=impl)
+  out = dot_product_attention(q, k, v, bias4, mask4, implementation=implementation)
   return out.reshape(lead + out.shape[1:])
 
 

@@ -146,7 +146,7 @@ class MaskPriorAttention(nnx.Module):
         raise ValueError("dropout_rate > 0 needs deterministic=True or False (argument or attribute)")
     else:
       deterministic = True
-    if not deterministic or sow_weights or query.dtype == jnp.float64:
+    if not deterministic or sow_weights or (query.dtype == jnp.float64 and self.implementation != "blockwise"):
       weights = _attention_weights(query, key, total, mask, self.precision)
       if sow_weights:
         self.sow(nnx.Intermediate, ATTENTION_WEIGHTS, weights)

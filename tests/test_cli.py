@@ -81,7 +81,7 @@ def test_rerun_skips_finished_methods(finished_run, capsys):
     (["--task", "f2", "--config.train.stepz=10"], "unknown config key 'train.stepz'"),
     (["--task", "f2", "--config.train.steps=many"], "expected an integer"),
     (["--task", "f2", "--config.prior.mode=melted"], "prior.mode must be learned or frozen"),
-    (["--task", "f2", "--config.model.attention=flash"], "model.attention must be xla or cudnn or auto"),
+    (["--task", "f2", "--config.model.attention=flash"], "model.attention must be xla or cudnn or blockwise or auto"),
     (["--task", "f2", "--num_processes", "2"], "need --coordinator_address"),
     (["--task", "f2", "--config.eval.every_steps=75"], "must be a multiple of train.steps_per_call"),
     (["--task", "f2", "--config.train.learning_rate_by_task=f2:1e-3"], "bad entry"),

@@ -22,3 +22,11 @@ def test_accelerator_check_runs_on_cpu_in_smoke_mode():
   assert attention["auto"]["max_bias_grad_diff_vs_xla"] == 0
   assert len(by["throughput"]) == 2 and all(r["steps_per_s"] > 0 for r in by["throughput"])
   assert by["seed_vmap"][0]["seed_steps_speedup"] > 0 and by["done"][0]["ok"]
+
+
+def test_attention_memory_script_runs_in_smoke_mode():
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "attention_memory.py"), "--smoke"],
+                       capture_output=True, text=True, timeout=600,
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "XLA_FLAGS": ""})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "equality at T=128" in out.stdout and "of XLA's)" in out.stdout and "T=256: XLA" in out.stdout

@@ -158,9 +158,9 @@ def _get(cfg, key: str):
   return node
 
 
-# model.attention: XLA's attention, cuDNN's fused kernel, or "auto" (cuDNN only on a GPU, for
-# bfloat16/float16 and a bias with batch dimension 1; see maskprior_jax.attention).
-ATTENTION = ("xla", "cudnn", "auto")
+# model.attention: XLA's attention, cuDNN's fused kernel, the blockwise pure-JAX path, or "auto" (cuDNN
+# only on a GPU, for bfloat16/float16 and a bias with batch dimension 1; see maskprior_jax.attention).
+ATTENTION = ("xla", "cudnn", "blockwise", "auto")
 
 
 def attention_record(cfg) -> dict:
