@@ -205,9 +205,16 @@ class MaskPriorAttention(nn.Module):
     dtype / param_dtype / precision / kernel_init / out_kernel_init / bias_init /
       out_bias_init / use_bias: as in Flax.
 
+    num_kv_heads: key/value heads for grouped-query attention (dividing num_heads; query head h
+      reads key/value head h // (num_heads / num_kv_heads)); default num_heads.
+    attention_fn: a Flax-style attention function, called as `attention_fn(query, key, value,
+      bias=..., mask=..., dropout_rng=..., dropout_rate=..., broadcast_dropout=..., deterministic=...,
+      dtype=..., precision=..., module=None)` with the mask prior (plus any `bias` argument) as
+      `bias`, e.g. `flax.linen.dot_product_attention`; default: this module's own paths.
+
   Not supported (Flax's attributes missing here on purpose): `decode` (autoregressive
-  cache), `normalize_qk`, `attention_fn`, `force_fp32_for_softmax` (softmax is always
-  float32), and the deprecated dot_general / einsum class hooks.
+  cache), `normalize_qk`, `force_fp32_for_softmax` (softmax is always float32), and the
+  deprecated dot_general / einsum class hooks.
   """
   num_heads: int
   qkv_features: int | None = None
@@ -230,6 +237,8 @@ class MaskPriorAttention(nn.Module):
   num_prefix: int = 0
   implementation: str | None = None
   sow_weights: bool = False
+  num_kv_heads: int | None = None
+  attention_fn: Callable[..., jax.Array] | None = None
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None,
@@ -266,9 +275,13 @@ class MaskPriorAttention(nn.Module):
                               dtype=self.dtype, param_dtype=self.param_dtype,
                               kernel_init=self.kernel_init, bias_init=self.bias_init,
                               use_bias=self.use_bias, precision=self.precision)
+    kv_heads = self.num_kv_heads or self.num_heads
+    if self.num_heads % kv_heads:
+      raise ValueError(f"num_kv_heads={kv_heads} does not divide num_heads={self.num_heads}")
     query = dense(name="query")(inputs_q)
-    key = dense(name="key")(inputs_k)
-    value = dense(name="value")(inputs_v)
+    key = dense(name="key", features=(kv_heads, head_dim))(inputs_k)
+    value = dense(name="value", features=(kv_heads, head_dim))(inputs_v)
+    key, value = _grouped(key, value, self.num_heads)
     q_len, kv_len = query.shape[-3], key.shape[-3]
 
     total_bias = bias
@@ -282,6 +295,12 @@ class MaskPriorAttention(nn.Module):
         if self.dropout_rate > 0.0 else True
     compute_dtype = self.dtype or query.dtype
     sow = self.sow_weights or sow_weights or self.is_mutable_collection("intermediates")
+    if self.attention_fn is not None:
+      rng = None if deterministic else (dropout_rng if dropout_rng is not None else self.make_rng("dropout"))
+      out = self.attention_fn(query, key, value, bias=total_bias, mask=mask, dropout_rng=rng,
+                              dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
+                              deterministic=deterministic, dtype=self.dtype, precision=self.precision, module=None)
+      return self._out(out, features)
     # Explicit path where the weights are needed (dropout, persistence measurements), and for
     # float64, which XLA's fused path would round to float32 inside its softmax (the blockwise path
     # keeps float64).
@@ -299,6 +318,9 @@ class MaskPriorAttention(nn.Module):
       out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value, precision=self.precision)
     else:
       out = _fused_attention(query, key, value, total_bias, mask, self.implementation)
+    return self._out(out, features)
+
+  def _out(self, out, features):
     return nn.DenseGeneral(features=features, axis=(-2, -1),
                            kernel_init=self.out_kernel_init or self.kernel_init,
                            bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
@@ -307,6 +329,15 @@ class MaskPriorAttention(nn.Module):
 
 
 IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
+
+
+def _grouped(key, value, num_heads: int):
+  """Grouped-query attention: each key/value head repeated for its group of query heads
+  (query head h reads key/value head h // (num_heads / kv_heads)); unchanged when the counts match."""
+  groups = num_heads // key.shape[-2]
+  if groups == 1:
+    return key, value
+  return jnp.repeat(key, groups, axis=-2), jnp.repeat(value, groups, axis=-2)
 
 
 def attention_implementation(requested: str | None, dtype, bias_batch: int | None,

@@ -31,7 +31,7 @@ from flax import nnx
 
 from maskprior_jax import optim
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
-                                     _fused_attention, _layout, expand_mask, mask_shape)
+                                     _fused_attention, _grouped, _layout, expand_mask, mask_shape)
 
 
 class MaskPrior(nnx.Variable):
@@ -62,7 +62,9 @@ class MaskPriorAttention(nnx.Module):
     implementation: None/"xla", "cudnn" or "auto" (see `attention.attention_implementation`).
   The bias lives in `self.mask_prior` (a `MaskPrior`); query/key/value/out are `nnx.LinearGeneral`
   with the Linen module's parameter shapes, so weights copy across one to one.
-  Not supported yet: `decode` (a key/value cache), `num_kv_heads`, `attention_fn`.
+    num_kv_heads, attention_fn: grouped-query attention and a Flax-style attention function that
+      receives the mask prior as `bias` (as the Linen module).
+  Not supported yet: `decode` (a key/value cache).
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
@@ -72,7 +74,8 @@ class MaskPriorAttention(nnx.Module):
                bias_init=DEFAULT_BIAS_INIT, out_bias_init=None, use_bias: bool = True,
                decode: bool | None = None, normalize_qk: bool = False, mask_init=None, mask_kind: str = "full",
                max_len: int | None = None, grid: tuple[int, int] | None = None, num_prefix: int = 0,
-               implementation: str | None = None, rngs: nnx.Rngs):
+               implementation: str | None = None, num_kv_heads: int | None = None, attention_fn=None,
+               rngs: nnx.Rngs):
     if decode:
       raise NotImplementedError("MaskPriorAttention (NNX): decode=True (a key/value cache) is not supported yet")
     _layout(mask_kind)
@@ -80,17 +83,21 @@ class MaskPriorAttention(nnx.Module):
     if qkv_features % num_heads:
       raise ValueError(f"qkv_features={qkv_features} is not divisible by num_heads={num_heads}")
     self.num_heads, self.head_dim = num_heads, qkv_features // num_heads
+    kv_heads = num_kv_heads or num_heads
+    if num_heads % kv_heads:
+      raise ValueError(f"num_kv_heads={kv_heads} does not divide num_heads={num_heads}")
+    self.attention_fn = attention_fn
     self.in_features, self.out_features = in_features, out_features or in_features
     self.dtype, self.precision, self.implementation = dtype, precision, implementation
     self.broadcast_dropout, self.dropout_rate, self.deterministic = broadcast_dropout, dropout_rate, deterministic
     self.mask_kind, self.max_len, self.grid, self.num_prefix = mask_kind, max_len, grid, num_prefix
     self.rngs = rngs.fork() if dropout_rate > 0 else None
 
-    def proj(**kw):
-      return nnx.LinearGeneral(in_features, (num_heads, self.head_dim), axis=-1, dtype=dtype, param_dtype=param_dtype,
+    def proj(heads):
+      return nnx.LinearGeneral(in_features, (heads, self.head_dim), axis=-1, dtype=dtype, param_dtype=param_dtype,
                                kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias, precision=precision,
-                               rngs=rngs, **kw)
-    self.query, self.key, self.value = proj(), proj(), proj()
+                               rngs=rngs)
+    self.query, self.key, self.value = proj(num_heads), proj(kv_heads), proj(kv_heads)
     self.out = nnx.LinearGeneral((num_heads, self.head_dim), self.out_features, axis=(-2, -1), dtype=dtype,
                                  param_dtype=param_dtype, kernel_init=out_kernel_init or kernel_init,
                                  bias_init=out_bias_init or bias_init, use_bias=use_bias, precision=precision,
@@ -138,6 +145,7 @@ class MaskPriorAttention(nnx.Module):
     query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
     if self.query_ln is not None:
       query, key = self.query_ln(query), self.key_ln(key)
+    key, value = _grouped(key, value, self.num_heads)
     prior = self.dense_bias(query.shape[-3], key.shape[-3])
     total = prior if bias is None else (bias if prior is None else bias + prior)
     if self.dropout_rate > 0.0:
@@ -146,6 +154,12 @@ class MaskPriorAttention(nnx.Module):
         raise ValueError("dropout_rate > 0 needs deterministic=True or False (argument or attribute)")
     else:
       deterministic = True
+    if self.attention_fn is not None:
+      rng = None if deterministic else (rngs or self.rngs).dropout()
+      out = self.attention_fn(query, key, value, bias=total, mask=mask, dropout_rng=rng, dropout_rate=self.dropout_rate,
+                              broadcast_dropout=self.broadcast_dropout, deterministic=deterministic, dtype=self.dtype,
+                              precision=self.precision, module=None)
+      return self.out(out)
     if not deterministic or sow_weights or (query.dtype == jnp.float64 and self.implementation != "blockwise"):
       weights = _attention_weights(query, key, total, mask, self.precision)
       if sow_weights:

@@ -271,3 +271,32 @@ def test_attention_implementation_auto_falls_back_to_xla_where_cudnn_is_unsafe()
     v = m.init(jax.random.key(0), x)
     out[impl] = jax.grad(lambda v: jnp.sum(m.apply(v, x) ** 2))(v)[mp.MASK_PRIOR]["bias"]
   np.testing.assert_array_equal(out["xla"], out["auto"])
+
+
+def test_grouped_query_attention_and_the_attention_fn_hook():
+  """num_kv_heads == num_heads is the module as before; fewer key/value heads group the query heads
+  as `jax.nn.dot_product_attention` does; `attention_fn=flax.linen.dot_product_attention` receives the
+  mask prior as its bias and gives the module's own output. The same for the NNX module."""
+  import flax.linen as nn
+  from flax import nnx
+
+  from maskprior_jax import nnx as mnnx
+  x = jax.random.normal(jax.random.key(1), (2, 6, 16))
+  prior = lambda k, s, d: jax.random.normal(k, s, d)
+  base = mp.MaskPriorAttention(num_heads=4, mask_init=prior)
+  v = base.init(jax.random.key(0), x)
+  y = base.apply(v, x)
+  np.testing.assert_array_equal(mp.MaskPriorAttention(num_heads=4, mask_init=prior, num_kv_heads=4).apply(v, x), y)
+  hooked = mp.MaskPriorAttention(num_heads=4, mask_init=prior, attention_fn=nn.dot_product_attention)
+  np.testing.assert_allclose(hooked.apply(v, x), y, rtol=1e-5, atol=1e-6)
+  gqa = mp.MaskPriorAttention(num_heads=4, mask_init=prior, num_kv_heads=2)
+  vg = gqa.init(jax.random.key(0), x)
+  p = vg["params"]
+  proj = lambda name: jnp.einsum("btd,dnh->btnh", x, p[name]["kernel"]) + p[name]["bias"]
+  ref = jax.nn.dot_product_attention(proj("query"), proj("key"), proj("value"), bias=vg[mp.MASK_PRIOR]["bias"][None])
+  expected = jnp.einsum("btnh,nhd->btd", ref, p["out"]["kernel"]) + p["out"]["bias"]
+  np.testing.assert_allclose(gqa.apply(vg, x), expected, rtol=1e-5, atol=1e-5)
+  m = mnnx.MaskPriorAttention(4, 16, mask_init=prior, max_len=6, num_kv_heads=2, rngs=nnx.Rngs(0))
+  h = mnnx.MaskPriorAttention(4, 16, mask_init=prior, max_len=6, num_kv_heads=2, attention_fn=nn.dot_product_attention,
+                              rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(h(x), m(x), rtol=1e-5, atol=1e-6)
