@@ -16,7 +16,7 @@ import sys
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
-from maskprior_jax.bench.workdir import WorkdirBusy
+from maskprior_jax.bench.workdir import WorkdirBusy, reason
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
 
@@ -56,7 +56,7 @@ def cmd_report(args) -> int:
     try:
       loaded.append((p, json.loads(p.read_text())))
     except ValueError as e:   # unparsable: named in one line and skipped
-      damaged.append(f"{p} is unreadable ({str(e).splitlines()[0][:100]})")
+      damaged.append(f"{p} is unreadable ({reason(e)})")
   if not loaded:
     raise UsageError("; ".join(damaged) + "; nothing else to report")
   for line in damaged:

@@ -82,8 +82,8 @@ class Benchmark:
     raise NotImplementedError
 
   def device_batches(self, runs: Sequence[Run]) -> Callable | None:
-    """`fn(step, run_index)` drawing the same kind of batch inside the compiled step, or None
-    when the benchmark has no device batches (train.batches="device" is then refused)."""
+    """`fn(step, run_index)` drawing the same kind of batch inside the compiled step. A benchmark
+    that does not override this has no device batches (train.batches="device" is then refused)."""
     return None
 
   def eval_metrics(self, model) -> Callable[[dict, Any], dict]:
@@ -206,7 +206,7 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
   finishes (a rerun skips finished methods and resumes an interrupted one from its checkpoint),
   then write the benchmark's report. `progress` counts finished method runs. Returns results."""
   workdir = pathlib.Path(workdir)
-  if bench.settings.batches == "device" and bench.device_batches(bench.runs(seeds[:1])) is None:
+  if bench.settings.batches == "device" and type(bench).device_batches is Benchmark.device_batches:
     from maskprior_jax.bench.config import ConfigError
     raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")
   results = results_lib.open_results(workdir, bench.cfg, bench.digest(), bench.kind, bench.header())

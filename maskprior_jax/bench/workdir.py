@@ -126,49 +126,52 @@ def write_jsonl(path: pathlib.Path, rows) -> None:
   write_text(path, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
 
 
-def set_aside(path: pathlib.Path, reason: str, stream=None) -> pathlib.Path:
+def set_aside(path: pathlib.Path, why: str, stream=None) -> pathlib.Path:
   """Rename a damaged file `<name>.damaged-<time>` (nothing is deleted) and say so in one line."""
   path = pathlib.Path(path)
   aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
   os.replace(path, aside)
-  print(f"maskprior: warning: {path} is unreadable ({reason}); moved to {aside.name}, continuing from what "
+  print(f"maskprior: warning: {path} is unreadable ({why}); moved to {aside.name}, continuing from what "
         "is intact", file=stream or sys.stderr)
   return aside
 
 
-def _reason(e: Exception) -> str:
+def reason(e: Exception) -> str:
+  """An exception's first line, short enough for a one-line message."""
   return str(e).splitlines()[0][:120] if str(e).strip() else type(e).__name__
+
+
+def _read(path: pathlib.Path, parse: Callable[[str], Any], move: bool):
+  """`parse(text)` of the file, or None when it is absent or `parse` raises ValueError (a damaged
+  file, set aside when `move`)."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return None
+  try:
+    return parse(path.read_text())
+  except (ValueError, UnicodeDecodeError) as e:
+    if move:
+      set_aside(path, reason(e))
+    return None
 
 
 def read_json(path: pathlib.Path, check: Callable[[Any], bool] = lambda obj: True, *, move: bool = True):
   """The parsed file, or None when it is absent or damaged (unparsable, or `check` says its
   content is not what this file holds). A damaged file is set aside when `move` (the process
   that writes the folder), and left in place otherwise."""
-  path = pathlib.Path(path)
-  if not path.exists():
-    return None
-  try:
-    obj = json.loads(path.read_text())
+  def parse(text):
+    obj = json.loads(text)
     if not check(obj):
       raise ValueError("not the content this file holds")
     return obj
-  except (ValueError, UnicodeDecodeError) as e:
-    if move:
-      set_aside(path, _reason(e))
-    return None
+  return _read(path, parse, move)
 
 
 def read_jsonl(path: pathlib.Path, *, move: bool = True) -> list | None:
   """As `read_json`, for a JSON-lines file."""
-  path = pathlib.Path(path)
-  if not path.exists():
-    return None
-  try:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  def parse(text):
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not all(isinstance(r, dict) for r in rows):
       raise ValueError("a line is not a record")
     return rows
-  except (ValueError, UnicodeDecodeError) as e:
-    if move:
-      set_aside(path, _reason(e))
-    return None
+  return _read(path, parse, move)
