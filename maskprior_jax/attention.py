@@ -212,9 +212,16 @@ class MaskPriorAttention(nn.Module):
       dtype=..., precision=..., module=None)` with the mask prior (plus any `bias` argument) as
       `bias`, e.g. `flax.linen.dot_product_attention`; default: this module's own paths.
 
-  Not supported (Flax's attributes missing here on purpose): `decode` (autoregressive
-  cache), `normalize_qk`, `force_fp32_for_softmax` (softmax is always float32), and the
-  deprecated dot_general / einsum class hooks.
+    decode: autoregressive decoding with a key/value cache, as Flax: `init` with the full-length
+      input creates the "cache" collection (keys and values of `num_kv_heads` heads, the index);
+      then each `apply(..., mutable=["cache"])` takes one token, attends to the tokens cached so
+      far, and uses its own row of the mask prior (relative kinds: its own offsets), so decoding
+      token by token equals the full pass with a causal mask.
+    normalize_qk: LayerNorm (scale only) over the head dimension of queries and keys ("query_ln",
+      "key_ln"), as Flax.
+
+  Not supported (Flax's attributes missing here on purpose): `force_fp32_for_softmax` (softmax
+  is always float32) and the deprecated dot_general / einsum class hooks.
   """
   num_heads: int
   qkv_features: int | None = None
@@ -239,6 +246,8 @@ class MaskPriorAttention(nn.Module):
   sow_weights: bool = False
   num_kv_heads: int | None = None
   attention_fn: Callable[..., jax.Array] | None = None
+  decode: bool = False
+  normalize_qk: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None,
@@ -281,14 +290,30 @@ class MaskPriorAttention(nn.Module):
     query = dense(name="query")(inputs_q)
     key = dense(name="key", features=(kv_heads, head_dim))(inputs_k)
     value = dense(name="value", features=(kv_heads, head_dim))(inputs_v)
+    if self.normalize_qk:
+      ln = functools.partial(nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
+      query, key = ln(name="query_ln")(query), ln(name="key_ln")(key)
+    row = None
+    if self.decode:
+      initialized = self.has_variable("cache", "cached_key")
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      if initialized:   # the first call (init) only creates the cache, as Flax's
+        row = index.value
+        key, value, mask = decode_step(cached_key.value, cached_value.value, row, key, value, mask)
+        cached_key.value, cached_value.value, index.value = key, value, row + 1
     key, value = _grouped(key, value, self.num_heads)
     q_len, kv_len = query.shape[-3], key.shape[-3]
 
     total_bias = bias
     if self.mask_init is not None:
       settings = MaskSettings(self.mask_init, self.mask_kind, self.max_len, self.grid)
-      prior = dense_mask_bias(self, settings, "bias", self.num_heads, q_len, kv_len, num_prefix=self.num_prefix,
+      rows = kv_len if row is not None else q_len
+      prior = dense_mask_bias(self, settings, "bias", self.num_heads, rows, kv_len, num_prefix=self.num_prefix,
                               dtype=self.param_dtype)
+      if row is not None:   # the decoded token's own row of the bias
+        prior = jax.lax.dynamic_slice_in_dim(prior, row, 1, axis=-2)
       total_bias = prior if total_bias is None else total_bias + prior
 
     deterministic = nn.merge_param("deterministic", self.deterministic, deterministic) \
@@ -329,6 +354,26 @@ class MaskPriorAttention(nn.Module):
 
 
 IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
+
+
+def decode_step(cached_key, cached_value, position, key, value, mask):
+  """One autoregressive step with a key/value cache (arrays in, arrays out; the modules store them).
+
+  cached_key/cached_value: (..., max_length, kv_heads, head_dim); position: the cache index (int32
+  scalar); key/value: the new token's (..., 1, kv_heads, head_dim), written at `position`. Returns
+  the updated keys and values, and `mask` combined with "key position <= the token's".
+  """
+  *batch, max_length, heads, depth = cached_key.shape
+  expected = tuple(batch) + (1, heads, depth)
+  if tuple(key.shape) != expected:
+    raise ValueError(f"decode=True takes one token at a time: expected keys of shape {expected} "
+                     f"(the cache's), got {tuple(key.shape)}")
+  start = (0,) * len(batch) + (position, 0, 0)
+  key = jax.lax.dynamic_update_slice(cached_key, key.astype(cached_key.dtype), start)
+  value = jax.lax.dynamic_update_slice(cached_value, value.astype(cached_value.dtype), start)
+  visible = jnp.broadcast_to(jnp.arange(max_length) <= position, tuple(batch) + (1, 1, max_length))
+  mask = visible if mask is None else jnp.logical_and(mask, visible)
+  return key, value, mask
 
 
 def _grouped(key, value, num_heads: int):

@@ -31,7 +31,7 @@ from flax import nnx
 
 from maskprior_jax import optim
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
-                                     _fused_attention, _grouped, _layout, expand_mask, mask_shape)
+                                     _fused_attention, _grouped, _layout, decode_step, expand_mask, mask_shape)
 
 
 class MaskPrior(nnx.Variable):
@@ -64,7 +64,10 @@ class MaskPriorAttention(nnx.Module):
   with the Linen module's parameter shapes, so weights copy across one to one.
     num_kv_heads, attention_fn: grouped-query attention and a Flax-style attention function that
       receives the mask prior as `bias` (as the Linen module).
-  Not supported yet: `decode` (a key/value cache).
+    decode: autoregressive decoding, as Flax: `init_cache((batch, length, features))` creates
+      `nnx.Cache` keys and values (`num_kv_heads` heads) and the index; each call then takes one
+      token, attends to the tokens cached so far and uses its own row of the mask prior (relative
+      kinds: its own offsets), so decoding token by token equals the full causal pass.
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
@@ -76,8 +79,6 @@ class MaskPriorAttention(nnx.Module):
                max_len: int | None = None, grid: tuple[int, int] | None = None, num_prefix: int = 0,
                implementation: str | None = None, num_kv_heads: int | None = None, attention_fn=None,
                rngs: nnx.Rngs):
-    if decode:
-      raise NotImplementedError("MaskPriorAttention (NNX): decode=True (a key/value cache) is not supported yet")
     _layout(mask_kind)
     qkv_features = qkv_features or in_features
     if qkv_features % num_heads:
@@ -86,7 +87,8 @@ class MaskPriorAttention(nnx.Module):
     kv_heads = num_kv_heads or num_heads
     if num_heads % kv_heads:
       raise ValueError(f"num_kv_heads={kv_heads} does not divide num_heads={num_heads}")
-    self.attention_fn = attention_fn
+    self.attention_fn, self.decode, self.num_kv_heads = attention_fn, decode, kv_heads
+    self.cached_key, self.cached_value, self.cache_index = nnx.data(None), nnx.data(None), nnx.data(None)
     self.in_features, self.out_features = in_features, out_features or in_features
     self.dtype, self.precision, self.implementation = dtype, precision, implementation
     self.broadcast_dropout, self.dropout_rate, self.deterministic = broadcast_dropout, dropout_rate, deterministic
@@ -123,6 +125,13 @@ class MaskPriorAttention(nnx.Module):
       return int(np.shape(mask_init)[-1])   # an array prior says its own length
     raise ValueError(f"mask_kind={self.mask_kind!r} in NNX needs max_len (the longest sequence)")
 
+  def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
+    """A key/value cache for `decode`: input_shape is (batch..., max_length, features)."""
+    shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)
+    self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
+    self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
+    self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
+
   def dense_bias(self, q_len: int, kv_len: int) -> jax.Array | None:
     """The mask prior as a dense (heads or 1, q_len, kv_len) logit bias (None without one)."""
     if self.mask_prior is None:
@@ -137,16 +146,30 @@ class MaskPriorAttention(nnx.Module):
 
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None,
                *, mask: jax.Array | None = None, bias: jax.Array | None = None, deterministic: bool | None = None,
-               rngs: nnx.Rngs | None = None, sow_weights: bool = False) -> jax.Array:
+               rngs: nnx.Rngs | None = None, sow_weights: bool = False, decode: bool | None = None) -> jax.Array:
     """As `flax.nnx.MultiHeadAttention.__call__` (self-attention when `inputs_k`/`inputs_v` are
-    None); `mask` is boolean (False excludes a pair), `bias` an extra additive logit bias."""
+    None); `mask` is boolean (False excludes a pair), `bias` an extra additive logit bias;
+    `decode` overrides the attribute."""
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
     query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
     if self.query_ln is not None:
       query, key = self.query_ln(query), self.key_ln(key)
+    row = None
+    if self.decode if decode is None else decode:
+      if self.cached_key is None:
+        raise ValueError("decode=True needs a key/value cache: call init_cache((batch, max_length, features)) first")
+      row = self.cache_index[...]
+      key, value, mask = decode_step(self.cached_key[...], self.cached_value[...], row, key, value, mask)
+      self.cached_key[...], self.cached_value[...] = key, value
+      self.cache_index[...] = row + 1
     key, value = _grouped(key, value, self.num_heads)
-    prior = self.dense_bias(query.shape[-3], key.shape[-3])
+    kv_len = key.shape[-3]
+    if row is None:
+      prior = self.dense_bias(query.shape[-3], kv_len)
+    else:   # the decoded token's own row of the bias
+      prior = self.dense_bias(kv_len, kv_len)
+      prior = None if prior is None else jax.lax.dynamic_slice_in_dim(prior, row, 1, axis=-2)
     total = prior if bias is None else (bias if prior is None else bias + prior)
     if self.dropout_rate > 0.0:
       deterministic = self.deterministic if deterministic is None else deterministic

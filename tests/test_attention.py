@@ -300,3 +300,43 @@ def test_grouped_query_attention_and_the_attention_fn_hook():
   h = mnnx.MaskPriorAttention(4, 16, mask_init=prior, max_len=6, num_kv_heads=2, attention_fn=nn.dot_product_attention,
                               rngs=nnx.Rngs(0))
   np.testing.assert_allclose(h(x), m(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,kw", [("full", {}), ("shared", {}), ("relative_1d", {"max_len": 9})])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_decoding_token_by_token_equals_the_full_causal_pass(kind, kw, kv_heads):
+  """decode=True: init with the full-length input makes the cache; each jitted step takes one token
+  and uses its own row of a random (position-specific) prior; the outputs are the full pass's with a
+  causal mask. With grouped-query attention and normalize_qk too."""
+  length = 6
+  x = _x((2, length, 16), seed=3)
+  prior = lambda k, s, d: jax.random.normal(k, s, d)
+  full = mp.MaskPriorAttention(num_heads=4, mask_init=prior, mask_kind=kind, num_kv_heads=kv_heads,
+                               normalize_qk=True, **kw)
+  v = full.init(jax.random.key(0), x)
+  expected = full.apply(v, x, mask=nn.make_causal_mask(jnp.ones((2, length))))
+  dec = full.clone(decode=True)
+  cache = dec.init(jax.random.key(0), x)["cache"]
+  assert cache["cached_key"].shape == (2, length, kv_heads, 4) and int(cache["cache_index"]) == 0
+  step = jax.jit(lambda cache, tok: dec.apply({**v, "cache": cache}, tok, mutable=["cache"]))
+  outs = []
+  for t in range(length):
+    y, mutated = step(cache, x[:, t:t + 1])
+    cache = mutated["cache"]
+    outs.append(y)
+  assert int(cache["cache_index"]) == length
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), expected, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="one token at a time"):
+    dec.apply({**v, "cache": cache}, x[:, :2], mutable=["cache"])
+
+
+def test_normalize_qk_equals_flax():
+  x = _x()
+  ref = nn.MultiHeadDotProductAttention(num_heads=4, normalize_qk=True)
+  variables = ref.init(jax.random.key(1), x)
+  assert {"query_ln", "key_ln"} <= set(variables["params"])
+  ours = mp.MaskPriorAttention(num_heads=4, normalize_qk=True)
+  assert jax.tree.map(jnp.shape, ours.init(jax.random.key(2), x)) == jax.tree.map(jnp.shape, variables)
+  variables = {"params": jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(4), p.shape),
+                                      variables["params"])}
+  np.testing.assert_allclose(ours.apply(variables, x), ref.apply(variables, x), rtol=1e-5, atol=1e-5)

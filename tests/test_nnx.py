@@ -118,3 +118,19 @@ def test_attention_dropout_draws_from_the_modules_rngs_and_deterministic_turns_i
   np.testing.assert_array_equal(m(x, deterministic=True), m(x, deterministic=True))
   with pytest.raises(ValueError, match="needs deterministic"):
     m(x)
+
+
+@pytest.mark.parametrize("kind,kw", [("full", {"max_len": 6}), ("relative_1d", {"max_len": 9})])
+def test_nnx_decoding_token_by_token_equals_the_full_causal_pass(kind, kw):
+  length = 6
+  x = jax.random.normal(jax.random.key(1), (2, length, 16))
+  mod = mnnx.MaskPriorAttention(4, 16, mask_init=lambda k, s, d: jax.random.normal(k, s, d), mask_kind=kind,
+                                num_kv_heads=2, normalize_qk=True, rngs=nnx.Rngs(0), **kw)
+  expected = mod(x, mask=jnp.tril(jnp.ones((length, length), bool)))
+  with pytest.raises(ValueError, match="init_cache"):
+    mod(x[:, :1], decode=True)
+  mod.init_cache(x.shape)
+  step = nnx.jit(lambda m, tok: m(tok, decode=True))
+  out = jnp.concatenate([step(mod, x[:, t:t + 1]) for t in range(length)], 1)
+  assert int(mod.cache_index[...]) == length
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
