@@ -28,12 +28,13 @@ def total_variation(attn: jax.Array, pattern: jax.Array) -> jax.Array:
 
 
 def mask_drift(variables: dict, initial: dict) -> jax.Array:
-  """Per seed ||B_t - B_0|| / ||B_0|| over the whole mask-prior collection (leading seed axis)."""
+  """Per seed ||B_t - B_0|| / ||B_0|| over the whole mask-prior collection (leading seed axis);
+  ||B_t - B_0|| itself where B_0 is zero (a bias that starts at zero)."""
   cur, ini = jax.tree.leaves(variables[MASK_PRIOR]), jax.tree.leaves(initial[MASK_PRIOR])
   axes = lambda x: tuple(range(1, x.ndim))
   num = sum(jnp.sum((c - i) ** 2, axis=axes(c)) for c, i in zip(cur, ini))
   den = sum(jnp.sum(i ** 2, axis=axes(i)) for i in ini)
-  return jnp.sqrt(num / jnp.maximum(den, 1e-12))
+  return jnp.sqrt(jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), num))
 
 
 def target_attention(pattern, causal: bool = False) -> jax.Array:

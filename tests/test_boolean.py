@@ -164,3 +164,50 @@ def test_selection_rule_needs_more_than_the_seed_spread_and_a_fitting_variant():
   assert P.score(unfit)[1] == pytest.approx(1 / 3)
   assert set(P.EXPLORATION_SEEDS).isdisjoint(P.CONFIRMATION_SEEDS)
   assert not set(P.EXPLORATION_TASKS) & set(B.TASKS) and P.SELECTED in P.VARIANTS
+
+
+def test_shuffled_supports_have_the_true_sizes_and_not_the_true_variables():
+  from maskprior_jax.bench.boolean import methods as BM
+  for task in B.TASKS.values():
+    true = [sorted(g) for g in task.groups]
+    shuffled = BM.shuffled_groups(task.groups, task.n, seed=0)
+    assert [len(g) for g in shuffled] == [len(g) for g in true]
+    assert all(g not in true for g in shuffled)
+    assert shuffled == BM.shuffled_groups(task.groups, task.n, seed=0)          # seeded
+    used = {i for g in true for i in g}
+    if task.n - len(used) >= max(len(g) for g in true):                         # room outside the supports
+      assert not used & {i for g in shuffled for i in g}
+
+
+def test_attribution_controls_change_one_thing_each():
+  """mask_positions = the mask's prior with positions; mask_shuffled = the mask's settings with the
+  shuffled supports' pattern; bias_zero starts at zero and learns; qk_nopos = qk's fit without
+  positions."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from maskprior_jax import MASK_PRIOR
+  from maskprior_jax.bench.boolean import methods as BM
+  from maskprior_jax.bench.boolean import run as R
+  from maskprior_jax.bench.config import builtin_config
+  cfg = builtin_config("boolean")
+  task = B.TASKS["f2_2parity"]
+  x = jnp.asarray(R.to_ids(1 - 2 * np.random.default_rng(0).integers(0, 2, (8, task.n))))
+  init = {m: R.build_model(task, cfg, m).init(jax.random.key(0), x) for m in BM.METHODS}
+  assert "pos_embedding" in init["mask_positions"]["params"]
+  for m in ("mask", "mask_shuffled", "bias_zero", "qk_nopos"):
+    assert "pos_embedding" not in init[m]["params"], m
+  np.testing.assert_array_equal(init["mask_positions"][MASK_PRIOR]["block_0"]["attn"]["bias"],
+                                init["mask"][MASK_PRIOR]["block_0"]["attn"]["bias"])
+  shuffled = init["mask_shuffled"][MASK_PRIOR]["block_0"]["attn"]["bias"]
+  np.testing.assert_array_equal(shuffled, R.prior_pattern(task, cfg, 0, BM.shuffled_groups(task.groups, task.n, 0)))
+  assert not np.array_equal(shuffled, init["mask"][MASK_PRIOR]["block_0"]["attn"]["bias"])
+  zero = init["bias_zero"]
+  assert all(not np.any(b) for b in jax.tree.leaves(zero[MASK_PRIOR]))
+  model = R.build_model(task, cfg, "bias_zero")
+  y = jnp.asarray(task.f(1 - 2 * np.asarray(x)).astype(np.float32))
+  grads = jax.grad(lambda v: jnp.mean((model.apply(v, x) - y) ** 2))(zero)
+  moved = optax.apply_updates(zero, optax.adam(1e-2).update(grads, optax.adam(1e-2).init(zero), zero)[0])
+  assert all(np.any(b) for b in jax.tree.leaves(moved[MASK_PRIOR]))            # it learns
+  assert BM.init_method("qk_nopos") == "qk" and BM.init_method("mask_shuffled") == "mask_shuffled"

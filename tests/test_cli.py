@@ -132,3 +132,19 @@ def test_seed_ranges_and_lists_reach_results_json(tmp_path):
   assert sorted(r["seed"] for r in res["runs"]) == [3, 5]
   assert all(isinstance(r["fitted"], bool) for r in res["runs"])
   assert "Seeds 3, 5;" in (tmp_path / "table.md").read_text()
+
+
+def test_attribution_controls_run_and_report(tmp_path, capsys):
+  """The controls are methods of `maskprior boolean`; `maskprior report` adds the attribution table."""
+  work = tmp_path / "f2"
+  controls = "mask,mask_shuffled,bias_zero,qk_nopos"
+  short = [*SHORT, "--config.train.steps=50", "--config.checkpoint.every_steps=50"]
+  assert cli.main(["boolean", "--task", "f2", "--methods", controls, "--seeds", "1", "--workdir", str(work), *short]) == 0
+  res = json.loads((work / "results.json").read_text())
+  assert {r["method"] for r in res["runs"]} == set(controls.split(","))
+  drift = {r["method"]: r["persistence"][-1].get("mask_drift") for r in res["runs"]}
+  assert drift["qk_nopos"] is None and drift["bias_zero"] > 0   # bias_zero: ||B - 0||, finite
+  capsys.readouterr()
+  assert cli.main(["report", str(work)]) == 0
+  out = capsys.readouterr().out
+  assert "Attribution" in out and "structure (mask_shuffled → mask)" in out and "| qk_nopos |" in out

@@ -74,6 +74,11 @@ class Benchmark:
   def model(self, method: str):
     raise NotImplementedError
 
+  def init_method(self, method: str) -> str:
+    """Which of METHODS' initialisations a method's runs get (`initial_variables`); a benchmark
+    with control methods maps them here."""
+    return method
+
   def loss_fn(self, model) -> train.LossFn:
     raise NotImplementedError
 
@@ -130,6 +135,7 @@ def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[
   model (the mask model carries its prior). Returns (variables, info)."""
   variables = model.init(jax.random.key(seed), bench.sample_input)
   info = {}
+  method = bench.init_method(method)
   if method == "mimetic":
     m = bench.cfg.mimetic
     variables = {**variables, "params": baselines.mimetic(

@@ -10,6 +10,7 @@ import numpy as np
 
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.workdir import write_text
+from maskprior_jax.bench.boolean import methods as boolean_methods
 from maskprior_jax.bench.boolean.tasks import TASKS
 from maskprior_jax.bench.runner import METHODS
 
@@ -181,13 +182,43 @@ def headline_table(all_results: Sequence[dict]) -> str:
     rows2.append([res["task"]] + [f"{np.mean(s[m]['tv0']):.2f} → {np.mean(s[m]['tv_end']):.2f}" if m in s else "-"
                                   for m in methods]
                  + [results_lib.mean_std(s["mask"]["drift_end"]) if "mask" in s and s["mask"]["drift_end"] else "-"])
-  return results_lib.markdown_table(header, rows) + "\n" + results_lib.markdown_table(header2, rows2)
+  out = results_lib.markdown_table(header, rows) + "\n" + results_lib.markdown_table(header2, rows2)
+  if any(r["method"] in boolean_methods.CONTROLS for res in all_results for r in res["runs"]):
+    out += "\n" + attribution_table(all_results)
+  return out
+
+
+def attribution_table(all_results: Sequence[dict]) -> str:
+  """The mask against the controls that each change one thing (`boolean.methods`): per task, each
+  method's unseen MSE / MDI's (mean ± population std over the fitted seeds, how many fitted), then
+  per contrast the control's mean minus the mask's, marked "no difference" when it is not larger
+  than the larger of the two seed spreads."""
+  methods = [m for m in boolean_methods.ATTRIBUTION if any(r["method"] == m for res in all_results for r in res["runs"])]
+  contrasts = [c for c in boolean_methods.CONTRASTS if c[1] in methods and c[2] in methods]
+  header = ["task"] + [f"{m} (fitted)" for m in methods] + [label for label, _, _ in contrasts]
+  rows = []
+  for res in all_results:
+    s = {x["method"]: x for x in summarize(res)}
+    row = [res["task"]] + [f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-"
+                           for m in methods]
+    for _, control, method in contrasts:
+      a, b = (s[control]["ratio_fitted"] if control in s else []), (s[method]["ratio_fitted"] if method in s else [])
+      if not a or not b:
+        row.append("-")
+        continue
+      gain = float(np.mean(a) - np.mean(b))
+      inside = abs(gain) <= max(np.std(a), np.std(b))
+      row.append(f"{gain:+.3f}" + (" (no difference)" if inside else ""))
+    rows.append(row)
+  return ("Attribution: unseen MSE / MDI's (mean ± population std over the fitted seeds); a contrast is the "
+          "control's mean minus the mask's (positive: the mask is better), \"no difference\" when it is not larger "
+          "than the larger seed spread of the two:\n\n" + results_lib.markdown_table(header, rows))
 
 
 def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
   """summary.md and headline.png over the tasks."""
   write_text(workdir / "summary.md", headline_table(all_results))
-  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  methods = [m for m in boolean_methods.METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
   fig, ax = results_lib.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
   for i, m in enumerate(methods):

@@ -1,5 +1,6 @@
-"""The Boolean extrapolation benchmark: train vanilla / mimetic / qk / mask models on the
-seen domain of a GOTU task, then measure extrapolation, degree profiles and persistence.
+"""The Boolean extrapolation benchmark: train vanilla / mimetic / qk / mask models (and the
+attribution controls of `boolean.methods`) on the seen domain of a GOTU task, then measure
+extrapolation, degree profiles and persistence.
 
 Writes into `workdir`: config.json, metrics.jsonl, results.json, table.md and PNG plots
 (`boolean.report`). Each method's results are written as soon as it finishes; rerunning the
@@ -20,7 +21,7 @@ from maskprior_jax import priors
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
-from maskprior_jax.bench.boolean import algebra, mechanism, report
+from maskprior_jax.bench.boolean import algebra, mechanism, methods as boolean_methods, report
 from maskprior_jax.bench.boolean import data as boolean_data
 from maskprior_jax.bench.boolean import tasks as boolean
 from maskprior_jax.bench.config import ConfigError, UsageError, check, config_digest, loop_settings
@@ -28,7 +29,7 @@ from maskprior_jax.distributed import is_main_process, take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
-METHODS = runner.METHODS
+METHODS = boolean_methods.METHODS
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -77,14 +78,16 @@ def headline_tasks(cfg) -> dict:
   return {name: boolean.resized(t, sizes[name]) if name in sizes else t for name, t in boolean.TASKS.items()}
 
 
-def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, layer: int = 0) -> np.ndarray:
+def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, layer: int = 0,
+                  groups: Sequence[Sequence[int]] | None = None) -> np.ndarray:
   """(heads, n+1, n+1) logit bias from the task's interaction groups; token 0 is CLS.
 
   prior.token_rows: "group" (a variable token attends inside its groups, itself included),
   "noself" (to the other members of its groups, not itself), "self" (only itself).
   prior.layers="layered": layer 0 holds the token rows only (CLS attends to itself), later layers
-  the CLS rows only (variable tokens attend to themselves)."""
-  groups = [[i + 1 for i in g] for g in task.groups]
+  the CLS rows only (variable tokens attend to themselves). `groups`: other supports than the
+  task's (mask_shuffled)."""
+  groups = [[i + 1 for i in g] for g in (task.groups if groups is None else groups)]
   rows = cfg.prior.token_rows
   layered = cfg.prior.layers == "layered"
   return priors.group_matrix(groups, task.n + 1, num_heads=cfg.model.num_heads if cfg.prior.per_head else None,
@@ -94,18 +97,30 @@ def prior_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, layer: int
                              member_self=rows != "noself", spare_heads=cfg.prior.spare_heads)
 
 
+def method_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str, layer: int = 0) -> np.ndarray:
+  """The initial bias of a bias method (`boolean_methods.BIAS_METHODS`): the prior's pattern from
+  the task's supports, from shuffled supports (mask_shuffled), or zeros (bias_zero)."""
+  groups = (boolean_methods.shuffled_groups(task.groups, task.n, cfg.prior.shuffle_seed)
+            if method == "mask_shuffled" else None)
+  pattern = prior_pattern(task, cfg, layer, groups)
+  return np.zeros_like(pattern) if method == "bias_zero" else pattern
+
+
 def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str) -> Transformer:
   mask = None
-  if method == "mask":
-    mask = MaskSettings(priors.from_matrix(prior_pattern(task, cfg)))
+  if method in boolean_methods.BIAS_METHODS:
+    mask = MaskSettings(priors.from_matrix(method_pattern(task, cfg, method)))
     if cfg.prior.layers == "first":
       mask = [mask] + [None] * (cfg.model.depth - 1)
     elif cfg.prior.layers == "layered":
-      mask = [MaskSettings(priors.from_matrix(prior_pattern(task, cfg, layer))) for layer in range(cfg.model.depth)]
+      mask = [MaskSettings(priors.from_matrix(method_pattern(task, cfg, method, layer)))
+              for layer in range(cfg.model.depth)]
   m = cfg.model
   # The mask method may drop positions (prior.pos_embedding): its prior tells variables apart by
-  # itself. The other methods keep model.pos_embedding; without positions they could not.
-  pos = cfg.prior.pos_embedding if method == "mask" and cfg.prior.pos_embedding != "model" else m.pos_embedding
+  # itself. The other methods keep model.pos_embedding; without positions they could not. The
+  # controls mask_shuffled, bias_zero and qk_nopos take the mask's setting, mask_positions the model's.
+  pos = (cfg.prior.pos_embedding if method in boolean_methods.MASK_POSITIONS and cfg.prior.pos_embedding != "model"
+         else m.pos_embedding)
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
                      mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=pos,
                      pos_where=m.pos_where, pooling="cls", head="regression", mask=mask,
@@ -178,6 +193,9 @@ class BooleanTask(runner.Benchmark):
 
   def model(self, method: str):
     return build_model(self.task, self.cfg, method)
+
+  def init_method(self, method: str) -> str:
+    return boolean_methods.init_method(method)
 
   def loss_fn(self, model):
     def loss_fn(v, batch, rng):
