@@ -1,8 +1,11 @@
 """Multi-host helpers on JAX's own distributed runtime.
 
-On TPU VMs `jax.distributed.initialize()` finds its peers by itself; elsewhere give the
-coordinator address, the number of processes and this process's id (flags or the
-environment variables MASKPRIOR_COORDINATOR, MASKPRIOR_NUM_PROCESSES, MASKPRIOR_PROCESS_ID).
+`initialize(mode)`: with `mode="auto"` (the default) JAX's own cluster detection is asked (Cloud
+TPU VM slices, SLURM, Open MPI, Kubernetes: the environments `jax.distributed.initialize()`
+recognises without arguments) and the runtime starts where it recognises one; a single host
+without one stays one process. Explicit settings win: the coordinator address, the number of
+processes and this process's id (flags or the environment variables MASKPRIOR_COORDINATOR,
+MASKPRIOR_NUM_PROCESSES, MASKPRIOR_PROCESS_ID). `started()` says how the runtime was started.
 Each process loads only its shard of the data (`process_slice`) and the global batch is
 assembled with `jax.make_array_from_process_local_data`; checkpoints are written by orbax from
 every process (each its own shards); every other file is written by process 0 only.
@@ -18,21 +21,71 @@ from jax.sharding import Mesh
 from maskprior_jax.sharding import batch_sharding
 
 
+MODES = ("auto", "on", "off")
+_started = "single process"
+
+
+def detect_cluster() -> str | None:
+  """The cluster environment JAX's own detection recognises here ("slurm", "ompi", "gce_tpu",
+  "gke_tpu", "k8s", ...: what `jax.distributed.initialize()` with no arguments would use), or None."""
+  try:
+    from jax._src import clusters
+    kinds = list(clusters.ClusterEnv._cluster_types)
+  except (ImportError, AttributeError):   # JAX moved its detection: fall back to the TPU variables
+    tpu = os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS")
+    return "tpu" if tpu else None
+  for kind in kinds:
+    if getattr(kind, "opt_in_only_method", False):
+      continue
+    try:
+      if kind.is_env_present():
+        return getattr(kind, "name", kind.__name__)
+    except Exception:   # a detector that cannot tell (missing package, no metadata server) says no
+      continue
+  return None
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
-  """Start the distributed runtime when this is one of several processes (no-op otherwise)."""
+               process_id: int | None = None, mode: str = "auto") -> str:
+  """Start the distributed runtime where this is one of several processes; returns how (also
+  `started()`): "flags" (explicit settings), "detected: <cluster>" (JAX's detection), or "single
+  process". mode "auto": explicit settings, else JAX's detection, else one process; "on": the same
+  but a ValueError where neither gives a runtime; "off": never start it (explicit settings are then
+  an error)."""
+  global _started
+  if mode not in MODES:
+    raise ValueError(f"--distributed must be one of {', '.join(MODES)}, not {mode!r}")
   coordinator = coordinator or os.environ.get("MASKPRIOR_COORDINATOR")
   if num_processes is None and "MASKPRIOR_NUM_PROCESSES" in os.environ:
     num_processes = int(os.environ["MASKPRIOR_NUM_PROCESSES"])
   if process_id is None and "MASKPRIOR_PROCESS_ID" in os.environ:
     process_id = int(os.environ["MASKPRIOR_PROCESS_ID"])
+  if mode == "off":
+    if coordinator:
+      raise ValueError("--distributed off, but a coordinator address is given (flag or $MASKPRIOR_COORDINATOR)")
+    _started = "single process"
+    return _started
+  cluster = None if coordinator else detect_cluster()
+  if not coordinator and cluster is None:
+    if mode == "on":
+      raise ValueError("--distributed on: JAX recognises no cluster here (Cloud TPU VM, SLURM, Open MPI, "
+                       "Kubernetes); give --coordinator_address, --num_processes and --process_id")
+    _started = "single process"
+    return _started
+  # CPU processes need a collectives backend for cross-process all-reduce (ignored by TPU and GPU).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator:
-    # CPU processes need a collectives backend for cross-process all-reduce.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    _started = "flags"
+  else:
     jax.distributed.initialize()
+    _started = f"detected: {cluster}"
+  return _started
+
+
+def started() -> str:
+  """How this process's runtime was started (see `initialize`)."""
+  return _started
 
 
 def is_main_process() -> bool:

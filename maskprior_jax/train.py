@@ -123,6 +123,11 @@ class LoopSettings:
                                       name=self.optimizer_name, weight_decay=self.weight_decay,
                                       mask_lr_multiplier=self.mask_lr_multiplier, freeze_mask=self.freeze_mask)
 
+  def learning_rate_at(self, step: int) -> float:
+    """The base learning rate at a step (constant: the optimizer has no schedule)."""
+    del step
+    return float(self.learning_rate)
+
   def mesh(self) -> Mesh | None:
     """A mesh over all devices when data parallel (None otherwise)."""
     return data_mesh() if self.data_parallel else None
@@ -330,7 +335,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   a fixed order (see `make_train_step`).
 
   eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
-  `settings.eval_every` steps and at the end. With a `checkpointer` (`checkpoint.Checkpointer`),
+  `settings.eval_every` steps and at the end. If it has a method `log_train(step, row)`, that gets,
+  at every log point, the window's training figures: per-seed mean "loss" and "grad_norm" (global
+  norm of the gradient) over the steps since the last log point, and "learning_rate" (summed on
+  the device as the steps run; fetched only at the log point). With a `checkpointer` (`checkpoint.Checkpointer`),
   the state and the eval history are saved every `settings.checkpoint_every` steps, at the end and
   on SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its
   latest checkpoint. The host waits on the device only at those points (logging, evaluation,
@@ -383,6 +391,14 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   faults.point("compile")
   progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
   progress.last_step = done
+  log_train = getattr(eval_fn, "log_train", None)
+  window, window_steps = None, 0   # device-side per-seed sums of loss and grad_norm since the last log
+
+  def add_window(metrics):
+    nonlocal window, window_steps
+    part = {k: jnp.sum(metrics[k], 0) if steps_per_call > 1 else metrics[k] for k in ("loss", "grad_norm")}
+    window = part if window is None else jax.tree.map(jnp.add, window, part)
+    window_steps += steps_per_call
 
   def save(step, wait=False):
     # The arrays as they lie on the devices: orbax writes each process's shards from that process.
@@ -411,6 +427,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
           states, metrics = call(states, place(batch))
         done += steps_per_call
+        if log_train is not None:
+          add_window(metrics)
         faults.point("step")
         log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
         term = sigterm.raised   # read once: a signal arriving later is handled at the next step
@@ -421,6 +439,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         if log_now:
           loss = np.asarray(jax.device_get(metrics["loss"]))
           progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
+          if log_train is not None:
+            row = {k: np.asarray(jax.device_get(v)) / window_steps for k, v in window.items()}
+            log_train(done, {**row, "learning_rate": loop.learning_rate_at(done)})
+            window, window_steps = None, 0
         if eval_now:
           history.append({"step": done, **_host(eval_fn(done, states.variables))})
           faults.point("eval")

@@ -63,6 +63,44 @@ def test_end_to_end_writes_results_table_and_plots(finished_run):
   assert len(rows) == 4 * 3 and {r["method"] for r in rows} == {"vanilla", "mimetic", "qk", "mask"}
 
 
+def _events(folder):
+  """Every event in a TensorBoard folder, read back from the record files (length, crc, event, crc)."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  out = []
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[i + 12:i + 12 + n])
+      out.append(event)
+      i += 12 + n + 4
+  return out
+
+
+def test_tensorboard_shows_training_evaluation_and_the_config(finished_run):
+  """Each method's event files: training loss, gradient norm and learning rate at every log window
+  (mean over seeds and per seed), the evaluation scalars, and the run's config as hparams."""
+  events = _events(finished_run / "tensorboard" / "mask" / "seeds_0_1")
+  scalars = {}
+  for e in events:
+    for v in e.summary.value:
+      if v.HasField("simple_value"):
+        scalars.setdefault(v.tag, {})[e.step] = v.simple_value
+  for tag in ("train/loss", "train/grad_norm", "train/learning_rate", "train_seed/0/loss", "train_seed/1/grad_norm"):
+    assert sorted(scalars[tag]) == [50, 100], tag
+  assert all(v == pytest.approx(3e-4) for v in scalars["train/learning_rate"].values())
+  assert scalars["train/loss"][100] == pytest.approx((scalars["train_seed/0/loss"][100]
+                                                      + scalars["train_seed/1/loss"][100]) / 2, rel=1e-5)
+  assert sorted(scalars["unseen_mse_true"]) == [0, 50, 100] and "attn_tv/layer_0" in scalars
+  plugins = [v.metadata.plugin_data.plugin_name for e in events for v in e.summary.value if v.HasField("metadata")]
+  assert "hparams" in plugins
+  blob = b"".join(v.metadata.plugin_data.content for e in events for v in e.summary.value if v.HasField("metadata"))
+  assert b"train.learning_rate" in blob and b"prior.token_rows" in blob
+
+
 def test_rerun_skips_finished_methods(finished_run, capsys):
   before = json.loads((finished_run / "results.json").read_text())["runs"]
   rc = cli.main(["boolean", "--task", "f2", "--methods", "vanilla,mimetic,qk,mask", "--seeds", "2",

@@ -52,3 +52,22 @@ def test_take_part_shares_cover_the_batch_in_order():
   assert distributed.take_part(rows).tolist() == rows[distributed.process_slice(12)].tolist()
   with np.testing.assert_raises_regex(ValueError, "not divisible by 5 processes"):
     distributed.take_part(rows, (0, 5))
+
+
+def test_without_a_cluster_auto_stays_one_process_and_on_or_off_say_why():
+  """No cluster variables: --distributed auto stays a single process; on is a one-line error; off
+  with a coordinator is an error; JAX's detection sees SLURM's variables."""
+  env = {k: v for k, v in _env(1).items() if not k.startswith(("SLURM_", "MASKPRIOR_", "OMPI_", "TPU_"))}
+  code = ("from maskprior_jax import distributed as d; import jax; print(d.initialize(mode='auto'), jax.process_count())")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+  assert out.stdout.strip() == "single process 1"
+  from maskprior_jax import distributed
+  with pytest.raises(ValueError, match="recognises no cluster"):
+    distributed.initialize(mode="on") if distributed.detect_cluster() is None else pytest.skip("a cluster is here")
+  with pytest.raises(ValueError, match="--distributed off"):
+    distributed.initialize("127.0.0.1:1234", 2, 0, mode="off")
+  slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+           "SLURM_LOCALID": "0"}
+  code = "from maskprior_jax import distributed as d; print(d.detect_cluster())"
+  out = subprocess.run([sys.executable, "-c", code], env={**env, **slurm}, capture_output=True, text=True, timeout=120)
+  assert out.stdout.strip() == "slurm"

@@ -146,3 +146,38 @@ def test_ordered_run_killed_in_two_processes_resumes_in_one(tmp_path_factory, tm
   assert resumed["environment"]["processes"] == 1
   assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
   assert resumed["runs"] == one_process["runs"]
+
+
+def _slurm_env(rank, job):
+  """Only the SLURM variables JAX's cluster detection reads (2 tasks on this host), no flags."""
+  env = {k: v for k, v in _env(2).items() if not k.startswith(("SLURM_", "MASKPRIOR_"))}
+  return {**env, "SLURM_JOB_ID": str(job), "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+          "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
+
+
+def _slurm_job_id():
+  """A job id whose coordinator port (JAX: job id mod 4096 + 61440) is free here."""
+  for job in np.random.default_rng().integers(1, 10**6, 200):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", int(job) % 4096 + 61440))
+        return int(job)
+      except OSError:
+        continue
+  pytest.skip("no free port in JAX's SLURM coordinator range")
+
+
+def test_slurm_variables_alone_start_a_two_process_run(tmp_path_factory, tmp_path):
+  """Two processes that carry only SLURM's variables join one run by JAX's own detection
+  (--distributed auto, the default): results.json says 2 processes started by detection, and with
+  the ordered reduction the states equal the one-process run's bit for bit."""
+  one_process = _one_process(tmp_path_factory, "ordered")
+  job = _slurm_job_id()
+  procs = [subprocess.Popen(_cmd(tmp_path, reduction="ordered"), env=_slurm_env(i, job), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  _finish(procs)
+  res = _results(tmp_path)
+  assert res["environment"]["processes"] == 2 and res["environment"]["distributed"] == "detected: slurm"
+  assert len(res["environment"]["devices"]) == 4
+  assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
+  assert one_process["environment"]["distributed"] == "single process"

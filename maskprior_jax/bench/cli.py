@@ -102,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=f"runs/{name}", help="run folder; a rerun continues there (default: %(default)s)")
     p.add_argument("--config", help="config file with get_config() (default: the built-in config of this benchmark)")
     p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
-    g = p.add_argument_group("several processes (JAX's distributed runtime; found by itself on TPU VMs)")
+    g = p.add_argument_group("several processes (JAX's distributed runtime)")
+    g.add_argument("--distributed", default="auto", choices=["auto", "on", "off"],
+                   help="auto: start the runtime where JAX recognises a cluster (Cloud TPU VM slice, SLURM, Open "
+                   "MPI, Kubernetes) or the flags below are given, else run as one process; on: the same, an error "
+                   "where neither; off: one process (default: %(default)s)")
     g.add_argument("--coordinator_address", help="HOST:PORT of process 0 (or $MASKPRIOR_COORDINATOR)")
     g.add_argument("--num_processes", type=int, help="number of processes (or $MASKPRIOR_NUM_PROCESSES)")
     g.add_argument("--process_id", type=int, help="this process's index, 0..N-1 (or $MASKPRIOR_PROCESS_ID)")
@@ -121,7 +125,7 @@ def _start_processes(args) -> None:
   given = [args.coordinator_address, args.num_processes, args.process_id]
   if any(v is not None for v in given) and args.coordinator_address is None:
     raise ValueError("--num_processes/--process_id need --coordinator_address HOST:PORT")
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, mode=args.distributed)
   if not distributed.is_main_process():
     import os
     sys.stdout = open(os.devnull, "w")

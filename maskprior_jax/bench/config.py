@@ -131,12 +131,13 @@ def base_config() -> ml_collections.ConfigDict:
 
 def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = None):
   """The config's `train.LoopSettings` (the loop's keys of `base_config`), built once and passed
-  whole; `learning_rate` replaces train.learning_rate (e.g. a per-task rate)."""
+  whole; `learning_rate` replaces train.learning_rate (e.g. a per-task rate). Progress lines and
+  TensorBoard's training windows come every 250 steps, or at every evaluation if that is more often."""
   from maskprior_jax.train import LoopSettings
   t = cfg.train
   try:
     return LoopSettings(
-        steps=t.steps, batch_size=t.batch_size, steps_per_call=t.steps_per_call, eval_every=cfg.eval.every_steps,
+        steps=t.steps, log_every=min(250, cfg.eval.every_steps or t.steps), batch_size=t.batch_size, steps_per_call=t.steps_per_call, eval_every=cfg.eval.every_steps,
         checkpoint_every=cfg.checkpoint.every_steps, max_to_keep=cfg.checkpoint.max_to_keep,
         data_parallel=t.data_parallel, fsdp=t.fsdp, grad_reduction=t.grad_reduction, batches=t.batches,
         optimizer_name=t.optimizer, learning_rate=t.learning_rate if learning_rate is None else learning_rate,

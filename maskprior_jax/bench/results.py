@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from maskprior_jax.bench import workdir as workdir_lib
+from maskprior_jax import distributed
 from maskprior_jax.distributed import barrier, is_main_process
 
 BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
@@ -179,7 +180,7 @@ def environment() -> dict:
   return {"maskprior_jax": __version__, "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(),
           "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-          "processes": jax.process_count()}
+          "processes": jax.process_count(), "distributed": distributed.started()}
 
 
 def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
@@ -189,18 +190,43 @@ def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
 
 
 class TensorBoardLog:
-  """Eval rows written to TensorBoard as they come: per-seed mean of every metric (per layer if
-  a vector). Opened lazily, so a run that never evaluates writes nothing."""
+  """One method's TensorBoard events (tensorboardX), written as they come: evaluation rows (the
+  mean over seeds of every metric, per layer if a vector), training windows (`train`: loss,
+  gradient norm, learning rate; mean over seeds under "train/", each seed under
+  "train_seed/<label>/"), and the run's config as hparams when the writer opens. Opened lazily,
+  so a run that never logs writes nothing; only process 0 writes."""
 
-  def __init__(self, logdir: pathlib.Path):
-    self.logdir, self.writer = pathlib.Path(logdir), None
+  def __init__(self, logdir: pathlib.Path, hparams: dict | None = None, labels: Sequence | None = None):
+    self.logdir, self.writer, self.hparams, self.labels = pathlib.Path(logdir), None, hparams, labels
+
+  def _open(self):
+    if self.writer is None:
+      from tensorboardX import SummaryWriter
+      self.writer = SummaryWriter(str(self.logdir))
+      if self.hparams:
+        from tensorboardX.summary import hparams
+        for summary in hparams(self.hparams, {"unseen_mse_true": 0.0, "train/loss": 0.0}):
+          self.writer.file_writer.add_summary(summary)
+    return self.writer
+
+  def train(self, step: int, row: dict) -> None:
+    """A training window: per-seed arrays ("loss", "grad_norm") and scalars ("learning_rate")."""
+    if not is_main_process():
+      return
+    writer = self._open()
+    for k, v in row.items():
+      a = np.asarray(v, float).reshape(-1)
+      writer.add_scalar(f"train/{k}", float(a.mean()), step)
+      if a.size > 1:
+        for i, value in enumerate(a):
+          label = self.labels[i] if self.labels is not None and i < len(self.labels) else i
+          writer.add_scalar(f"train_seed/{label}/{k}", float(value), step)
+    writer.flush()
 
   def __call__(self, step: int, row: dict) -> None:
     if not is_main_process():
       return
-    if self.writer is None:
-      from tensorboardX import SummaryWriter
-      self.writer = SummaryWriter(str(self.logdir))
+    self._open()
     for k, v in row.items():
       if k == "step":
         continue

@@ -172,6 +172,14 @@ def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh):
   return lambda stacked: jax.device_get(eval_all(stacked, run_data, init0))
 
 
+def hparams(cfg, method: str) -> dict:
+  """The run's config as TensorBoard hparams: flat "section.key" names, plus the method."""
+  from flax import traverse_util
+  flat = traverse_util.flatten_dict(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg), sep=".")
+  out = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in sorted(flat.items())}
+  return {"method": method, **out}
+
+
 def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: pathlib.Path):
   """Train one method's runs in one vmapped program, with the persistence measurements; every
   evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
@@ -182,12 +190,19 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   mesh = settings.mesh()
   evaluate = _evaluator(model, bench, runs, init0, mesh)
   where = pathlib.Path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
-  tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where)
+  tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where, hparams=hparams(bench.cfg, method),
+                                            labels=[r.label for r in runs])
 
-  def eval_fn(step, stacked):
-    out = evaluate(stacked)   # fetched once, for the history and TensorBoard
-    tensorboard(step, out)
-    return out
+  class Observer:
+    """train_seeds' eval_fn, with the training windows for TensorBoard (`log_train`)."""
+
+    def __call__(self, step, stacked):
+      out = evaluate(stacked)   # fetched once, for the history and TensorBoard
+      tensorboard(step, out)
+      return out
+
+    def log_train(self, step, row):
+      tensorboard.train(step, row)
 
   if settings.batches == "device":
     batches = train.DeviceBatches(bench.device_batches(runs))
@@ -197,7 +212,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   try:
     state, history = train.train_seeds(
         loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
-        seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=eval_fn,
+        seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=Observer(),
         label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=mesh)
   finally:
     checkpointer.close()
