@@ -30,13 +30,18 @@ class Preempted(RuntimeError):
 
 
 class SigtermFlag:
-  """While active, SIGTERM sets `.raised` instead of killing the process."""
+  """While active, SIGTERM sets `.raised` instead of killing the process. With `install=False` it
+  leaves signals alone (several processes: JAX's preemption service holds SIGTERM, see
+  `train.train_seeds`)."""
 
-  def __init__(self):
+  def __init__(self, install: bool = True):
     self.raised = False
     self._old = None
+    self._install = install
 
   def __enter__(self):
+    if not self._install:
+      return self
     try:
       self._old = signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # not the main thread: leave signals alone

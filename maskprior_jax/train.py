@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -309,6 +310,9 @@ def stack_trees(trees: Sequence[Any]) -> Any:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+_SYNC_IDS = itertools.count(1)   # preemption sync-point ids: calls of every loop in this process
+
+
 def _host(d: dict) -> dict:
   return {k: np.asarray(jax.device_get(v)).tolist() for k, v in d.items()}
 
@@ -338,9 +342,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   `settings.eval_every` steps and at the end. If it has a method `log_train(step, row)`, that gets,
   at every log point, the window's training figures: per-seed mean "loss" and "grad_norm" (global
   norm of the gradient) over the steps since the last log point, and "learning_rate" (summed on
-  the device as the steps run; fetched only at the log point). With a `checkpointer` (`checkpoint.Checkpointer`),
-  the state and the eval history are saved every `settings.checkpoint_every` steps, at the end and
-  on SIGTERM (then `checkpoint.Preempted` is raised), and a run finds and continues from its
+  the device as the steps run; fetched only at the log point).
+  With a `checkpointer` (`checkpoint.Checkpointer`), the state and the eval history are saved every
+  `settings.checkpoint_every` steps, at the end and on SIGTERM (then `checkpoint.Preempted` is
+  raised; with several processes a SIGTERM that reaches any one of them goes to JAX's preemption
+  service, and every process saves the same step, the sync point they agree on), and a run finds and continues from its
   latest checkpoint. The host waits on the device only at those points (logging, evaluation,
   saving): a non-finite loss freezes that seed's state inside the compiled step, and the next sync
   raises `NonFiniteLoss` without saving.
@@ -416,8 +422,19 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {first} and {first + 1}; "
                           "last good checkpoint kept. Lower train.learning_rate")
 
+  several = jax.process_count() > 1
+
+  def preempted() -> bool:
+    if several:   # the same answer, at the same call, in every process
+      from jax.experimental import multihost_utils
+      # JAX's sync point is the call after the highest id any process had passed when the notice
+      # came; ids count calls over the whole process (every process makes the same calls), so the
+      # next call is that point even between one method's loop and the next.
+      return multihost_utils.reached_preemption_sync_point(next(_SYNC_IDS))
+    return sigterm.raised
+
   try:
-    with ckpt.SigtermFlag() as sigterm:
+    with ckpt.SigtermFlag(install=not several) as sigterm:
       while done < steps:
         # No host sync here: the device runs ahead while the next batch is built.
         if device_batch_fn is not None:
@@ -431,7 +448,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           add_window(metrics)
         faults.point("step")
         log_now, eval_now = done % log_every == 0 or done == steps, done % eval_every == 0 or done == steps
-        term = sigterm.raised   # read once: a signal arriving later is handled at the next step
+        term = preempted()   # read once: a signal arriving later is handled at the next step
         save_now = (checkpoint_every and done % checkpoint_every == 0) or done == steps or term
         if not (log_now or eval_now or save_now):
           continue

@@ -181,3 +181,31 @@ def test_slurm_variables_alone_start_a_two_process_run(tmp_path_factory, tmp_pat
   assert len(res["environment"]["devices"]) == 4
   assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
   assert one_process["environment"]["distributed"] == "single process"
+
+
+def test_sigterm_to_one_process_saves_the_same_step_in_both_and_resumes(tmp_path_factory, tmp_path):
+  """Only process 1 gets SIGTERM: JAX's preemption service tells process 0, both save the same
+  step and exit 143; rerunning the same commands ends on the uninterrupted run's states (ordered
+  reduction: bit for bit)."""
+  one_process = _one_process(tmp_path_factory, "ordered")
+  ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
+  procs = _two(tmp_path, _port(), "ordered")
+  deadline = time.time() + 600
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 50 for d in ckpt.iterdir()):
+      break
+    time.sleep(0.05)
+  assert all(p.poll() is None for p in procs), "the run ended before the signal"
+  procs[1].send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+  steps = [int(line.split("SIGTERM at step ")[1].split(":")[0]) for _, err in outs for line in err.splitlines()
+           if "SIGTERM at step" in line]
+  assert len(steps) == 2 and steps[0] == steps[1] > 50     # each process says where it saved: the same step
+  saved = max(int(d.name) for d in ckpt.iterdir() if d.name.isdigit())
+  assert saved == steps[0]
+  assert not (tmp_path / "results.json").exists() or all(
+      r["method"] != "vanilla" for r in _results(tmp_path)["runs"])
+  _finish(_two(tmp_path, _port(), "ordered"))
+  resumed = _results(tmp_path)
+  assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in one_process["runs"]]

@@ -55,3 +55,23 @@ def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, 
   assert "| mask | 3 | 0.963 ± 0.0069 | -0.8 points vs qk |" in out
   assert "| mask | 3 | 2.02 ± 0.0078 | -2.6% vs qk |" in out
   assert (tmp_path / "arithmetic_0" / "exact_match_vs_train_size.png").exists()
+
+
+def test_every_maskprior_command_in_the_cluster_section_and_the_sbatch_script_parses():
+  """The commands of "Where to run it" (README) and experiments/cluster/slurm.sbatch are ones the
+  CLI accepts: arguments parse and the --config overrides apply to the named config."""
+  import shlex
+
+  from maskprior_jax.bench import cli
+  from maskprior_jax.bench.config import apply_overrides, load_config_file
+  text = README.read_text()
+  section = text[text.index("## Where to run it"):text.index("## What is in the package")]
+  sbatch = (README.parent / "experiments" / "cluster" / "slurm.sbatch").read_text().replace("\\\n", " ")
+  blocks = "".join(re.findall(r"```bash\n(.*?)```", section, re.S)) + sbatch
+  lines = re.findall(r"maskprior (?:boolean|arithmetic|vision|language) [^'\n]*", blocks)
+  assert len(lines) >= 4
+  for line in lines:
+    argv = shlex.split(line)[1:]
+    args = cli.build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
+    assert args.distributed == "auto"
+    apply_overrides(load_config_file(str(README.parent / args.config)), [a for a in argv if a.startswith("--config.")])
