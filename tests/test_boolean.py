@@ -211,3 +211,17 @@ def test_attribution_controls_change_one_thing_each():
   moved = optax.apply_updates(zero, optax.adam(1e-2).update(grads, optax.adam(1e-2).init(zero), zero)[0])
   assert all(np.any(b) for b in jax.tree.leaves(moved[MASK_PRIOR]))            # it learns
   assert BM.init_method("qk_nopos") == "qk" and BM.init_method("mask_shuffled") == "mask_shuffled"
+
+
+def test_the_task_generator_is_deterministic_and_gave_the_committed_tasks():
+  from maskprior_jax.bench.boolean import algebra as BA2
+  from maskprior_jax.bench.boolean import protocol as P
+  assert len(P.GENERATED_TASKS) >= 8
+  for seed in P.GENERATOR_SEEDS:
+    t = P.generate_task(seed)
+    assert t == P.generate_task(seed) == P.GENERATED_TASKS[t.name]
+    assert 8 <= t.n <= 12 and 1 <= len(t.groups) <= 3 and all(2 <= len(g) <= 4 for g in t.groups)
+    _, full = BD.relevant_points(t)
+    assert 0.25 <= 1 - t.is_seen(full).mean() <= 0.5
+    assert BA2.unseen_mse(t, BA2.minimum_degree_interpolator(t)) > 0
+  assert P.generate_task(1) != P.generate_task(2)

@@ -82,3 +82,70 @@ def select_default(table: dict[str, dict[str, list[float | None]]]) -> tuple[str
                   f"better by more than the seed spread {spread:.3f}")
   return DEFAULT, (f"best eligible variant {best} scores {eligible[best][0]:.3f} against the default's "
                    f"{base_score:.3f}; the difference is within the seed spread {spread:.3f}, the default stays")
+
+
+# ----------------------------------------------------------------------------- round 3: generated tasks
+# Exploration tasks that are not copies of the headline's shapes: drawn by `generate_task` (seeded),
+# n from 8 to 12; 1 to 3 monomials of degree 2 to 4 on random supports (overlapping or not);
+# coefficients drawn from +-{0.5, 0.75, ..., 2}; the seen domain a random condition on support
+# variables (one or two atoms "PRODUCT == +-1" over one or two support variables, joined by | or &)
+# whose unseen share is between 1/4 and 1/2, and on which the MDI differs from the target. The
+# tasks below were drawn with GENERATOR_SEEDS and written here before any design was compared on
+# them (a test checks that the generator still gives exactly these).
+GENERATOR_SEEDS = tuple(range(1000, 1010))
+
+
+def generate_task(seed: int, name: str | None = None) -> Task:
+  """One GOTU task drawn from `seed` (the rules above); redraws until the seen domain's unseen
+  share is within [1/4, 1/2] and the MDI's unseen error is positive."""
+  from maskprior_jax.bench.boolean import algebra
+  from maskprior_jax.bench.boolean.data import relevant_points
+  rng = np.random.default_rng(seed)
+  for _ in range(1000):
+    n = int(rng.integers(8, 13))
+    k = int(rng.integers(1, 4))
+    supports = []
+    for _ in range(k):
+      deg = int(rng.integers(2, 5))
+      if supports and rng.random() < 0.5:   # overlap: reuse one variable of an earlier support
+        shared = int(rng.choice([v for s in supports for v in s]))
+        rest = rng.choice([v for v in range(n) if v != shared], deg - 1, replace=False)
+        support = sorted({shared, *map(int, rest)})
+      else:
+        support = sorted(map(int, rng.choice(n, deg, replace=False)))
+      if support not in supports:
+        supports.append(support)
+    coefs = rng.choice(np.arange(0.5, 2.01, 0.25), len(supports)) * rng.choice([-1, 1], len(supports))
+    target = " + ".join(f"{c:g} " + "".join(f"x{v}" for v in s) for c, s in zip(coefs, supports)).replace("+ -", "- ")
+    pool = sorted({v for s in supports for v in s})
+    atoms = []
+    for _ in range(int(rng.integers(1, 3))):
+      vars_ = sorted(map(int, rng.choice(pool, int(rng.integers(1, 3)), replace=False)))
+      atoms.append("*".join(f"x{v}" for v in vars_) + f" == {int(rng.choice([-1, 1]))}")
+    seen = f" {'|' if rng.random() < 0.7 else '&'} ".join(atoms)
+    task = Task(name or f"g{seed}", n, target, seen)
+    try:
+      _, full = relevant_points(task)
+      unseen_share = 1.0 - float(task.is_seen(full).mean())
+    except ValueError:
+      continue
+    if not 0.25 <= unseen_share <= 0.5:
+      continue
+    if algebra.unseen_mse(task, algebra.minimum_degree_interpolator(task)) <= 1e-9:
+      continue
+    return task
+  raise RuntimeError(f"generator seed {seed}: no task within 1000 draws")
+
+
+GENERATED_TASKS = {   # drawn by generate_task(seed) for GENERATOR_SEEDS, 2026-12-04
+    "g1000": Task("g1000", 9, "1.75 x1x3x5x7 - 0.75 x1x3", "x5*x7 == 1 | x5 == 1"),
+    "g1001": Task("g1001", 12, "0.5 x0x2x5x9 - 0.75 x1x2x11", "x2*x9 == -1 | x2 == 1"),
+    "g1002": Task("g1002", 11, "0.5 x2x6x7x8 + 1.75 x7x9", "x9 == -1"),
+    "g1003": Task("g1003", 9, "1.75 x1x2x4", "x1*x2 == 1"),
+    "g1004": Task("g1004", 11, "-1.75 x1x2", "x1*x2 == -1"),
+    "g1005": Task("g1005", 10, "0.5 x2x4x6x9", "x9 == -1"),
+    "g1006": Task("g1006", 8, "-1.5 x0x2x3x6 - 0.75 x0x4x7 + 1.75 x0x2x3x5", "x7 == 1 | x0*x4 == 1"),
+    "g1007": Task("g1007", 8, "1 x4x5x6 + 1.25 x1x2x3x6 - 1.75 x3x4x6", "x1*x3 == 1 | x6 == -1"),
+    "g1008": Task("g1008", 9, "0.75 x1x4x5", "x1*x4 == -1"),
+    "g1009": Task("g1009", 8, "-0.75 x0x6 + 2 x4x6", "x0*x6 == -1"),
+}
