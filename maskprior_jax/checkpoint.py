@@ -70,6 +70,10 @@ class Checkpointer:
     self.directory = pathlib.Path(directory).absolute()
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+    # The training loop alone asks JAX's preemption service (`train.train_seeds`, one id per compiled
+    # call): the service's sync point is "the next id after the highest any process passed", so every
+    # id must come from one counter; orbax's own check would pass training steps in between.
+    self.manager.reached_preemption = lambda step: False
     self._failed = False
 
   def save(self, step: int, state: Any, record: dict, *, wait: bool = False) -> None:
