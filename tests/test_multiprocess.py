@@ -167,29 +167,21 @@ def _slurm_job_id():
   pytest.skip("no free port in JAX's SLURM coordinator range")
 
 
-def test_slurm_variables_alone_start_a_two_process_run(tmp_path_factory, tmp_path):
+def _slurm_two(workdir, job):
+  return [subprocess.Popen(_cmd(workdir, reduction="ordered"), env=_slurm_env(i, job), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_one_step(tmp_path_factory, tmp_path):
   """Two processes that carry only SLURM's variables join one run by JAX's own detection
-  (--distributed auto, the default): results.json says 2 processes started by detection, and with
-  the ordered reduction the states equal the one-process run's bit for bit."""
+  (--distributed auto, the default). Only process 1 then gets SIGTERM: JAX's preemption service
+  tells process 0, both save the same step and exit 143. Rerunning the same commands resumes and
+  ends on the one-process run's states bit for bit (ordered reduction); results.json says 2
+  processes, started by detection."""
   one_process = _one_process(tmp_path_factory, "ordered")
-  job = _slurm_job_id()
-  procs = [subprocess.Popen(_cmd(tmp_path, reduction="ordered"), env=_slurm_env(i, job), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  _finish(procs)
-  res = _results(tmp_path)
-  assert res["environment"]["processes"] == 2 and res["environment"]["distributed"] == "detected: slurm"
-  assert len(res["environment"]["devices"]) == 4
-  assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
   assert one_process["environment"]["distributed"] == "single process"
-
-
-def test_sigterm_to_one_process_saves_the_same_step_in_both_and_resumes(tmp_path_factory, tmp_path):
-  """Only process 1 gets SIGTERM: JAX's preemption service tells process 0, both save the same
-  step and exit 143; rerunning the same commands ends on the uninterrupted run's states (ordered
-  reduction: bit for bit)."""
-  one_process = _one_process(tmp_path_factory, "ordered")
   ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
-  procs = _two(tmp_path, _port(), "ordered")
+  procs = _slurm_two(tmp_path, _slurm_job_id())
   deadline = time.time() + 600
   while time.time() < deadline and all(p.poll() is None for p in procs):
     if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 50 for d in ckpt.iterdir()):
@@ -202,10 +194,9 @@ def test_sigterm_to_one_process_saves_the_same_step_in_both_and_resumes(tmp_path
   steps = [int(line.split("SIGTERM at step ")[1].split(":")[0]) for _, err in outs for line in err.splitlines()
            if "SIGTERM at step" in line]
   assert len(steps) == 2 and steps[0] == steps[1] > 50     # each process says where it saved: the same step
-  saved = max(int(d.name) for d in ckpt.iterdir() if d.name.isdigit())
-  assert saved == steps[0]
-  assert not (tmp_path / "results.json").exists() or all(
-      r["method"] != "vanilla" for r in _results(tmp_path)["runs"])
-  _finish(_two(tmp_path, _port(), "ordered"))
-  resumed = _results(tmp_path)
-  assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
+  assert max(int(d.name) for d in ckpt.iterdir() if d.name.isdigit()) == steps[0]
+  _finish(_slurm_two(tmp_path, _slurm_job_id()))
+  res = _results(tmp_path)
+  assert res["environment"]["processes"] == 2 and res["environment"]["distributed"] == "detected: slurm"
+  assert len(res["environment"]["devices"]) == 4
+  assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
