@@ -225,3 +225,57 @@ def test_the_task_generator_is_deterministic_and_gave_the_committed_tasks():
     assert 0.25 <= 1 - t.is_seen(full).mean() <= 0.5
     assert BA2.unseen_mse(t, BA2.minimum_degree_interpolator(t)) > 0
   assert P.generate_task(1) != P.generate_task(2)
+
+
+def test_reader_designs_depend_only_on_the_supports_and_unseen_counts_read_zero_in_d1_d2():
+  """Each design's model and initial bias are the same for two targets with the same supports and
+  different coefficients; readers attend to their support and themselves only; after training on
+  points where one count never occurs, d1 and d2 read exactly 0 at that count."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from maskprior_jax.bench.boolean import designs as BD2
+  from maskprior_jax.bench.boolean import methods as BM
+  from maskprior_jax.bench.boolean import run as R
+  from maskprior_jax.bench.config import builtin_config
+  cfg = builtin_config("boolean")
+  a = B.Task("a", 6, "x0x1 + 2 x2x3x4", "x0 == 1 | x1 == 1")
+  b = B.Task("b", 6, "-0.5 x0x1 + 0.25 x2x3x4", "x0 == 1 | x1 == 1")
+  ids = jnp.asarray(R.to_ids(BD.cube(6)))
+  for method in BM.DESIGN_METHODS:
+    ma, mb = R.build_model(a, cfg, method), R.build_model(b, cfg, method)
+    np.testing.assert_array_equal(ma.pattern, mb.pattern)
+    va, vb = ma.init(jax.random.key(0), ids), mb.init(jax.random.key(0), ids)
+    assert jax.tree.all(jax.tree.map(np.array_equal, va, vb))
+  allowed = BD2.reader_mask(6, a.groups, "p1")
+  assert allowed[6].tolist() == [True, True, False, False, False, False, True, False]   # reader 0: x0, x1, itself
+  assert not allowed[:6, 6:].any()                                                       # variables never read readers
+  assert BD2.reader_mask(6, a.groups, "d1")[6].tolist() == [False] * 6 + [True, False]
+  # Train d1 and d2 where support 0 = {x0, x1} never has count 0 (x0 = x1 = -1 is unseen).
+  seen = ids[(ids[:, 0] == 1) | (ids[:, 1] == 1)]
+  y = jnp.asarray(a.f(2 * np.asarray(seen) - 1).astype(np.float32))
+  for method in ("reader_d1", "reader_d2"):
+    model = R.build_model(a, cfg, method)
+    v = model.init(jax.random.key(0), seen)
+    tx = optax.adam(1e-2)
+    state = tx.init(v)
+    for _ in range(5):
+      g = jax.grad(lambda v: jnp.mean((model.apply(v, seen) - y) ** 2))(v)
+      upd, state = tx.update(g, state, v)
+      v = optax.apply_updates(v, upd)
+    _, inter = model.apply(v, ids, mutable=["intermediates"])
+    readout = np.asarray(inter["intermediates"][BD2.READOUT][0])
+    count0 = np.asarray(ids[:, 0] + ids[:, 1]) == 0
+    assert np.all(readout[count0, 0] == 0) and np.any(readout[~count0, 0] != 0), method
+
+
+def test_design_rule_keeps_the_mask_unless_a_design_wins_beyond_spread_and_margin():
+  from maskprior_jax.bench.boolean import protocol as P
+  mask = {"t1": [0.5, 0.6, 0.4], "t2": [0.3, 0.3, 0.3]}
+  assert P.select_design({"mask": mask, "reader_d1": {"t1": [0.45, 0.55, 0.4], "t2": [0.3] * 3}})[0] == "mask"
+  assert P.select_design({"mask": mask, "reader_d1": {"t1": [0.1] * 3, "t2": [0.1] * 3}})[0] == "reader_d1"
+  zero = {"t1": [0.0] * 3}
+  assert P.select_design({"mask": zero, "reader_p2": {"t1": [-1e-9] * 3}})[0] == "mask"   # a tie is no win
+  kept, dropped = P.kept_tasks({"a": [0.1, None, 0.2, 0.3, 0.4], "b": [None, None, 0.1, 0.1, 0.1]})
+  assert kept == ["a"] and dropped == ["b"]

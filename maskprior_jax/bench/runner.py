@@ -74,6 +74,12 @@ class Benchmark:
   def model(self, method: str):
     raise NotImplementedError
 
+  def probe_for(self, method: str) -> Probe:
+    """Where a method's persistence is measured (default: `probe`, the prior's pattern); a method
+    whose model has another token layout gives its own."""
+    del method
+    return self.probe
+
   def init_method(self, method: str) -> str:
     """Which of METHODS' initialisations a method's runs get (`initial_variables`); a benchmark
     with control methods maps them here."""
@@ -148,17 +154,17 @@ def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[
   return variables, info
 
 
-def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh):
+def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh, probe: Probe):
   """The jitted evaluation of every run during training: the benchmark's metrics, `attn_tv`
   (each layer's mean total-variation distance between attention rows on the probe and the
   prior's pattern) and, for a model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
   metrics_fn, run_data = bench.eval_metrics(model), bench.eval_data(runs)
-  target_attn = jnp.asarray(bench.probe.target_attn)
-  rows = slice(None) if bench.probe.rows is None else np.asarray(bench.probe.rows)
+  target_attn = jnp.asarray(probe.target_attn)
+  rows = slice(None) if probe.rows is None else np.asarray(probe.rows)
 
   def eval_one(v, data):
     out = dict(metrics_fn(v, data))
-    maps = jnp.stack(measure.attention_maps(model.apply, v, bench.probe.inputs))   # (layers, B, H, q, kv)
+    maps = jnp.stack(measure.attention_maps(model.apply, v, probe.inputs))   # (layers, B, H, q, kv)
     out["attn_tv"] = measure.total_variation(maps[..., rows, :], target_attn[..., rows, :])
     return out
 
@@ -188,7 +194,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   inits = [initial_variables(method, model, bench, r.seed) for r in runs]
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
   mesh = settings.mesh()
-  evaluate = _evaluator(model, bench, runs, init0, mesh)
+  evaluate = _evaluator(model, bench, runs, init0, mesh, bench.probe_for(method))
   where = pathlib.Path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
   tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where, hparams=hparams(bench.cfg, method),
                                             labels=[r.label for r in runs])

@@ -23,7 +23,14 @@ import numpy as np
 from maskprior_jax.bench import runner
 
 CONTROLS = ("mask_positions", "mask_shuffled", "bias_zero", "qk_nopos")
-METHODS = runner.METHODS + CONTROLS
+# Reader designs (`boolean.designs`): one reader token per support; "reader_<design>".
+DESIGN_METHODS = ("reader_p1", "reader_p2", "reader_d1", "reader_d2")
+METHODS = runner.METHODS + CONTROLS + DESIGN_METHODS
+
+
+def design_of(method: str) -> str | None:
+  """The reader design a method runs ("p1", ...), or None."""
+  return method.removeprefix("reader_") if method in DESIGN_METHODS else None
 
 # Methods whose model carries a learnable bias (with the pattern from `prior_groups`, or zeros).
 BIAS_METHODS = ("mask", "mask_positions", "mask_shuffled", "bias_zero")

@@ -149,3 +149,35 @@ GENERATED_TASKS = {   # drawn by generate_task(seed) for GENERATOR_SEEDS, 2026-1
     "g1008": Task("g1008", 9, "0.75 x1x4x5", "x1*x4 == -1"),
     "g1009": Task("g1009", 8, "-0.75 x0x6 + 2 x4x6", "x0*x6 == -1"),
 }
+
+# The reader designs' exploration and rule (round 3), written before any design ran on GENERATED_TASKS:
+# - Methods: vanilla (which tasks count), mask (the current default, the baseline a design must
+#   beat), and the designs reader_p1, reader_p2, reader_d1, reader_d2, all with the built-in config
+#   (2,000 steps), on GENERATED_TASKS with EXPLORATION_SEEDS (`experiments/boolean_designs.py`).
+# - Tasks kept: those where vanilla fits the seen domain in at least MIN_FIT_SHARE of the seeds
+#   (a task vanilla cannot fit says nothing about extrapolation); the dropped ones are listed.
+# - Score, eligibility and the spread as `score` and `select_default` (the mask in the default's
+#   place): a design replaces the mask for the confirmation run only if its score beats the mask's
+#   by more than the mask's spread and by at least DESIGN_MIN_MARGIN (so that two scores equal up to
+#   float rounding, e.g. both 0 on a task every structured model solves, never count as a win). The confirmation then runs the chosen design once on the five
+#   headline tasks with CONFIRMATION_SEEDS, next to vanilla, qk and mask.
+DESIGN_BASELINE = "mask"
+DESIGN_CANDIDATES = ("reader_p1", "reader_p2", "reader_d1", "reader_d2")
+DESIGN_MIN_MARGIN = 0.01
+
+
+def kept_tasks(vanilla: dict[str, list[float | None]]) -> tuple[list[str], list[str]]:
+  """(kept, dropped) generated tasks by vanilla's fit share (None = a run that did not fit)."""
+  kept = [t for t, v in vanilla.items() if sum(r is not None for r in v) >= MIN_FIT_SHARE * len(v)]
+  return kept, [t for t in vanilla if t not in kept]
+
+
+def select_design(table: dict[str, dict[str, list[float | None]]]) -> tuple[str, str]:
+  """The design rule above on {method: {task: per-seed ratios}} over the kept tasks (the mask in the
+  default's place). Returns (method, why)."""
+  renamed = {(DEFAULT if m == DESIGN_BASELINE else m): t for m, t in table.items()}
+  choice, why = select_default(renamed)
+  if choice != DEFAULT and score(renamed[DEFAULT])[0] - score(renamed[choice])[0] < DESIGN_MIN_MARGIN:
+    return DESIGN_BASELINE, (f"{choice} scores {score(renamed[choice])[0]:.3f} against the mask's "
+                             f"{score(renamed[DEFAULT])[0]:.3f}: less than {DESIGN_MIN_MARGIN} better, the mask stays")
+  return (DESIGN_BASELINE if choice == DEFAULT else choice), why.replace("default", DESIGN_BASELINE)

@@ -72,7 +72,30 @@ def task_table(results: dict) -> str:
   out += ("\nReference interpolants from the structure alone (unseen MSE / MDI's): span of the support monomials "
           f"{mdi_share(mech['support_lsq_unseen_mse'], ref):.3f}, per-support count lookup "
           f"{mdi_share(mech['count_lookup_unseen_mse'], ref):.3f}.\n")
-  return out + "\n" + mechanism_table(results) + "\n" + degree_table(results)
+  out += "\n" + mechanism_table(results) + "\n" + degree_table(results)
+  readers = readout_table(results)
+  return out + ("\n" + readers if readers else "")
+
+
+def readout_table(results: dict) -> str:
+  """For the reader designs: per support, each reader's mean readout at each count of +1 entries
+  (mean ± population std over the fitted seeds), and whether the count occurs on the seen domain.
+  Empty when no run has readers."""
+  runs = [r for r in results["runs"] if r.get("reader_readout_by_count") and r["fitted"]]
+  methods = [m for m in results_lib.methods_in(results) if any(r["method"] == m for r in runs)]
+  if not methods:
+    return ""
+  first = next(r for r in runs if r["method"] == methods[0])["reader_readout_by_count"]
+  rows = []
+  for k, support in enumerate(first):
+    for j, entry in enumerate(support["by_count"]):
+      row = ["{" + ", ".join(f"x{v}" for v in support["support"]) + "}", entry["count"], "seen" if entry["seen"] else "unseen"]
+      for m in methods:
+        vals = [r["reader_readout_by_count"][k]["by_count"][j]["readout"] for r in runs if r["method"] == m]
+        row.append(results_lib.mean_std(vals))
+      rows.append(row)
+  return ("Reader designs: each support's readout by its count of +1 entries (fitted seeds):\n\n"
+          + results_lib.markdown_table(["support", "count of +1", "on the seen domain"] + methods, rows))
 
 
 def _seed_list(results: dict) -> str:

@@ -21,7 +21,7 @@ from maskprior_jax import priors
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
-from maskprior_jax.bench.boolean import algebra, mechanism, methods as boolean_methods, report
+from maskprior_jax.bench.boolean import algebra, designs, mechanism, methods as boolean_methods, report
 from maskprior_jax.bench.boolean import data as boolean_data
 from maskprior_jax.bench.boolean import tasks as boolean
 from maskprior_jax.bench.config import ConfigError, UsageError, check, config_digest, loop_settings
@@ -106,7 +106,19 @@ def method_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, method: s
   return np.zeros_like(pattern) if method == "bias_zero" else pattern
 
 
-def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str) -> Transformer:
+def design_pattern(task: boolean.Task, cfg: ml_collections.ConfigDict, design: str) -> np.ndarray:
+  """A reader design's initial bias: the mask prior's token rows among the variables, readers'
+  rows open on their supports (`designs.reader_pattern`)."""
+  return designs.reader_pattern(prior_pattern(task, cfg)[:, 1:, 1:], task.groups, design, cfg.prior.outside)
+
+
+def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str):
+  m = cfg.model
+  design = boolean_methods.design_of(method)
+  if design is not None:
+    return designs.ReaderModel(n=task.n, supports=task.groups, design=design, pattern=design_pattern(task, cfg, design),
+                               dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
+                               mlp_dim=m.mlp_dim, attention_implementation=m.attention)
   mask = None
   if method in boolean_methods.BIAS_METHODS:
     mask = MaskSettings(priors.from_matrix(method_pattern(task, cfg, method)))
@@ -115,7 +127,6 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
     elif cfg.prior.layers == "layered":
       mask = [MaskSettings(priors.from_matrix(method_pattern(task, cfg, method, layer)))
               for layer in range(cfg.model.depth)]
-  m = cfg.model
   # The mask method may drop positions (prior.pos_embedding): its prior tells variables apart by
   # itself. The other methods keep model.pos_embedding; without positions they could not. The
   # controls mask_shuffled, bias_zero and qk_nopos take the mask's setting, mask_positions the model's.
@@ -197,6 +208,14 @@ class BooleanTask(runner.Benchmark):
   def init_method(self, method: str) -> str:
     return boolean_methods.init_method(method)
 
+  def probe_for(self, method: str) -> runner.Probe:
+    design = boolean_methods.design_of(method)
+    if design is None:
+      return self.probe
+    allowed = designs.reader_mask(self.task.n, self.task.groups, design)
+    pattern = np.where(allowed, design_pattern(self.task, self.cfg, design), -np.inf)
+    return runner.Probe(self.probe.inputs, target_attention(pattern))
+
   def loss_fn(self, model):
     def loss_fn(v, batch, rng):
       del rng
@@ -237,6 +256,7 @@ class BooleanTask(runner.Benchmark):
   def final_metrics(self, model, variables, runs, history):
     del runs, history
     pred = _predict(model, variables, to_ids(self.test_x))
+    readouts = self._readouts(model, variables) if isinstance(model, designs.ReaderModel) else None
     test_f, test_mdi, test_seen = self.test_f, self.test_mdi, self.test_seen
     out = []
     for p in pred:
@@ -248,6 +268,28 @@ class BooleanTask(runner.Benchmark):
                   "unseen_mse_mdi": float(np.mean((p - test_mdi)[~test_seen] ** 2)),
                   "degree_profile": (algebra.degree_profile(algebra.walsh_coefficients(p)).tolist()
                                      if self.full else None)})
+    if readouts is not None:
+      for record, by_support in zip(out, readouts):
+        record["reader_readout_by_count"] = by_support
+    return out
+
+  def _readouts(self, model, variables) -> list[list[dict]]:
+    """Per run and support: the reader's mean readout at each count of +1 entries over the test
+    points, and whether that count occurs on the seen domain."""
+    ids = to_ids(self.test_x)
+    fn = jax.jit(jax.vmap(lambda v, x: model.apply(v, x, mutable=["intermediates"])[1]["intermediates"][designs.READOUT][0],
+                          in_axes=(0, None)))
+    contrib = np.concatenate([np.asarray(fn(variables, ids[i:i + 8192])) for i in range(0, len(ids), 8192)], 1)
+    out = []
+    for c in contrib:                                     # (N, R) per run
+      per_support = []
+      for k, support in enumerate(self.task.groups):
+        counts = ids[:, list(support)].sum(1)
+        seen_counts = set(np.unique(counts[self.test_seen]).tolist())
+        per_support.append({"support": list(support), "by_count": [
+            {"count": int(cnt), "seen": int(cnt) in seen_counts, "readout": float(c[counts == cnt, k].mean())}
+            for cnt in range(len(support) + 1) if np.any(counts == cnt)]})
+      out.append(per_support)
     return out
 
   def summary(self, results, method, runs):

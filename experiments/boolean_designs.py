@@ -1,0 +1,82 @@
+"""Exploration of the Boolean reader designs on the generated tasks of
+`maskprior_jax.bench.boolean.protocol` (GENERATED_TASKS, never the headline's), then the protocol's
+design rule (`select_design`).
+
+  python experiments/boolean_designs.py --workdir runs/designs                 # the whole exploration
+  python experiments/boolean_designs.py --tasks g1000,g1003 --seeds 100-101 --steps 500   # a quick look
+
+Each task runs vanilla, mask and every design with the built-in config in its own run folder
+(rerunning skips what is finished). Writes designs.md (per method and task: unseen MSE / MDI's,
+median over seeds and per-seed values; the kept and dropped tasks) and selection.md (the rule's
+choice and why).
+"""
+import argparse
+import pathlib
+
+import numpy as np
+
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.args import exploration_seeds
+from maskprior_jax.bench.boolean import protocol
+from maskprior_jax.bench.boolean import report as boolean_report
+from maskprior_jax.bench.boolean import run as boolean_run
+from maskprior_jax.bench.config import UsageError, apply_overrides, builtin_config
+
+
+def cell(values) -> str:
+  v = [1.0 if r is None else r for r in values]
+  per = ", ".join("did not fit" if r is None else f"{r:.2f}" for r in values)
+  return f"{np.median(v):.2f} ({per})"
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--workdir", default="runs/designs")
+  p.add_argument("--seeds", default=f"{protocol.EXPLORATION_SEEDS[0]}-{protocol.EXPLORATION_SEEDS[-1]}",
+                 help="exploration seeds (default: %(default)s)")
+  p.add_argument("--steps", type=int, default=2000, help="training steps (default: %(default)s)")
+  p.add_argument("--tasks", default=",".join(protocol.GENERATED_TASKS), help="generated tasks (default: all)")
+  args = p.parse_args()
+  try:
+    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
+  except UsageError as e:
+    raise SystemExit(str(e)) from None
+  tasks = args.tasks.split(",")
+  unknown = [t for t in tasks if t not in protocol.GENERATED_TASKS]
+  if unknown:
+    raise SystemExit(f"unknown generated task {unknown[0]!r}; choose from {', '.join(protocol.GENERATED_TASKS)}")
+  root = pathlib.Path(args.workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  cfg = apply_overrides(builtin_config("boolean"), [f"--config.train.steps={args.steps}",
+                                                     "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+  methods = ["vanilla", protocol.DESIGN_BASELINE, *protocol.DESIGN_CANDIDATES]
+  table = {m: {} for m in methods}
+  for name in tasks:
+    task = protocol.GENERATED_TASKS[name]
+    res = boolean_run.run_task(task, cfg, methods, seeds, root / name, log=lambda *a: None)
+    for m in methods:
+      runs = sorted((r for r in res["runs"] if r["method"] == m), key=lambda r: r["seed"])
+      table[m][name] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"]
+                        else None for r in runs]
+    print(name, {m: cell(table[m][name]) for m in methods}, flush=True)
+  kept, dropped = protocol.kept_tasks(table["vanilla"])
+  rows = []
+  for m in methods:
+    sc, share, spread = protocol.score({t: table[m][t] for t in kept}) if kept else (float("nan"),) * 3
+    rows.append([m] + [cell(table[m][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
+  specs = "\n".join(f"- {t}: n = {protocol.GENERATED_TASKS[t].n}, `{protocol.GENERATED_TASKS[t].target}` seen where "
+                    f"`{protocol.GENERATED_TASKS[t].seen}`" for t in tasks)
+  (root / "designs.md").write_text(
+      f"Unseen MSE / MDI's unseen MSE, median over seeds {seeds} (per-seed values), {args.steps} steps. Score over the "
+      f"kept tasks ({', '.join(kept) or 'none'}); dropped (vanilla fits in fewer than "
+      f"{protocol.MIN_FIT_SHARE:.0%} of seeds): {', '.join(dropped) or 'none'}.\n\n{specs}\n\n"
+      + results_lib.markdown_table(["method"] + tasks + ["score (kept tasks)"], rows))
+  if kept:
+    choice, why = protocol.select_design({m: {t: table[m][t] for t in kept}
+                                          for m in [protocol.DESIGN_BASELINE, *protocol.DESIGN_CANDIDATES]})
+    (root / "selection.md").write_text(f"Selected: **{choice}**. {why}.\n")
+    print(f"selected: {choice}: {why}")
+
+
+if __name__ == "__main__":
+  main()
