@@ -75,3 +75,11 @@ def test_every_maskprior_command_in_the_cluster_section_and_the_sbatch_script_pa
     args = cli.build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
     assert args.distributed == "auto"
     apply_overrides(load_config_file(str(README.parent / args.config)), [a for a in argv if a.startswith("--config.")])
+
+
+def test_report_on_the_headline_results_rebuilds_the_readme_attribution_table(capsys):
+  from maskprior_jax.bench import cli
+  assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
+  out = capsys.readouterr().out
+  table = next(c for c in out.split("\n\n") if c.startswith("| task | vanilla (fitted)"))
+  assert "| mask_positions (fitted) |" in table and table.strip() in README.read_text()
