@@ -13,7 +13,6 @@ choice and why).
 import argparse
 import pathlib
 
-import numpy as np
 
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.args import exploration_seeds
@@ -21,12 +20,6 @@ from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
 from maskprior_jax.bench.config import UsageError, apply_overrides, builtin_config
-
-
-def cell(values) -> str:
-  v = [1.0 if r is None else r for r in values]
-  per = ", ".join("did not fit" if r is None else f"{r:.2f}" for r in values)
-  return f"{np.median(v):.2f} ({per})"
 
 
 def main():
@@ -58,12 +51,12 @@ def main():
       runs = sorted((r for r in res["runs"] if r["method"] == m), key=lambda r: r["seed"])
       table[m][name] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"]
                         else None for r in runs]
-    print(name, {m: cell(table[m][name]) for m in methods}, flush=True)
+    print(name, {m: boolean_report.median_cell(table[m][name]) for m in methods}, flush=True)
   kept, dropped = protocol.kept_tasks(table["vanilla"])
   rows = []
   for m in methods:
     sc, share, spread = protocol.score({t: table[m][t] for t in kept}) if kept else (float("nan"),) * 3
-    rows.append([m] + [cell(table[m][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
+    rows.append([m] + [boolean_report.median_cell(table[m][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
   specs = "\n".join(f"- {t}: n = {protocol.GENERATED_TASKS[t].n}, `{protocol.GENERATED_TASKS[t].target}` seen where "
                     f"`{protocol.GENERATED_TASKS[t].seen}`" for t in tasks)
   (root / "designs.md").write_text(

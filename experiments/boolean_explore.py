@@ -11,7 +11,6 @@ when the command is rerun.
 import argparse
 import pathlib
 
-import numpy as np
 
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
@@ -35,12 +34,6 @@ def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -
   return out
 
 
-def cell(values) -> str:
-  v = [1.0 if r is None else r for r in values]
-  per = ", ".join("did not fit" if r is None else f"{r:.2f}" for r in values)
-  return f"{np.median(v):.2f} ({per})"
-
-
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--workdir", default="runs/explore")
@@ -60,12 +53,12 @@ def main():
   table, rows = {}, []
   if args.reference:
     ref = run_variant(protocol.DEFAULT, args.reference, seeds, args.steps, root)
-    rows.append([args.reference, "-"] + [cell(ref[t]) for t in tasks] + ["-"])
+    rows.append([args.reference, "-"] + [boolean_report.median_cell(ref[t]) for t in tasks] + ["-"])
   for name in args.variants.split(","):
     table[name] = run_variant(name, "mask", seeds, args.steps, root)
     sc, share, spread = protocol.score(table[name])
     rows.append([name, " ".join(protocol.VARIANTS[name]) or "(built-in default)"]
-                + [cell(table[name][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
+                + [boolean_report.median_cell(table[name][t]) for t in tasks] + [f"{sc:.3f} (fit {share:.0%}, spread {spread:.3f})"])
     md = results_lib.markdown_table(["variant", "overrides"] + tasks + ["score"], rows)
     (root / "explore.md").write_text(
         f"Unseen MSE / MDI's unseen MSE, median over seeds {seeds} (per-seed values), {args.steps} steps; "

@@ -106,16 +106,20 @@ def test_two_processes_equal_one_process(tmp_path_factory, reduction):
   assert {p.name for p in work.iterdir()} >= {"results.json", "table.md", "run_config.json", "checkpoints"}
 
 
-def _kill_two_after_step_100(tmp_path, reduction="xla"):
-  """Start the two-process run, SIGKILL both processes once a checkpoint at step >= 100 exists."""
-  ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
-  procs = _two(tmp_path, _port(), reduction)
+def _wait_for_checkpoint(procs, ckpt, step):
+  """Wait until `ckpt` holds a checkpoint at `step` or later, while every process still runs."""
   deadline = time.time() + 600
   while time.time() < deadline and all(p.poll() is None for p in procs):
-    if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 100 for d in ckpt.iterdir()):
+    if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= step for d in ckpt.iterdir()):
       break
     time.sleep(0.05)
-  assert all(p.poll() is None for p in procs), "the run ended before it could be killed"
+  assert all(p.poll() is None for p in procs), "the run ended before the checkpoint"
+
+
+def _kill_two_after_step_100(tmp_path, reduction="xla"):
+  """Start the two-process run, SIGKILL both processes once a checkpoint at step >= 100 exists."""
+  procs = _two(tmp_path, _port(), reduction)
+  _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "vanilla" / "seeds_0_1", 100)
   for p in procs:
     p.send_signal(signal.SIGKILL)
   for p in procs:
@@ -182,12 +186,7 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
   assert one_process["environment"]["distributed"] == "single process"
   ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
   procs = _slurm_two(tmp_path, _slurm_job_id())
-  deadline = time.time() + 600
-  while time.time() < deadline and all(p.poll() is None for p in procs):
-    if ckpt.exists() and any(d.name.isdigit() and int(d.name) >= 50 for d in ckpt.iterdir()):
-      break
-    time.sleep(0.05)
-  assert all(p.poll() is None for p in procs), "the run ended before the signal"
+  _wait_for_checkpoint(procs, ckpt, 50)
   procs[1].send_signal(signal.SIGTERM)
   outs = [p.communicate(timeout=300) for p in procs]
   assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]

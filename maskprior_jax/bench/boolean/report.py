@@ -20,6 +20,14 @@ def mdi_share(unseen_mse: float, mdi_unseen_mse: float) -> float:
   return unseen_mse / mdi_unseen_mse if mdi_unseen_mse > 0 else float("nan")
 
 
+def median_cell(ratios: Sequence[float | None]) -> str:
+  """An exploration table's cell: the median over seeds of unseen MSE / MDI's (a run that did not
+  fit counts as 1, the MDI's error), then the per-seed values."""
+  v = [1.0 if r is None else r for r in ratios]
+  per = ", ".join("did not fit" if r is None else f"{r:.2f}" for r in ratios)
+  return f"{np.median(v):.2f} ({per})"
+
+
 BAR = 0.10   # the paper's bar: unseen MSE at most 10% of the MDI's is "near-perfect" extrapolation
 
 
