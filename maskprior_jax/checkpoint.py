@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import pathlib
 import signal
 import sys
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maskprior_jax import distributed
+from maskprior_jax import paths
 
 
 class Preempted(RuntimeError):
@@ -57,7 +57,7 @@ class SigtermFlag:
       signal.signal(signal.SIGTERM, self._old)
 
 
-def _write_error(e: Exception, directory: pathlib.Path) -> OSError:
+def _write_error(e: Exception, directory: os.PathLike) -> OSError:
   """An asynchronous save that failed (orbax reports a full disk as a ValueError from its save
   thread) as an OSError naming the reason and the folder, which the command reports in one line."""
   text = str(e)
@@ -66,8 +66,10 @@ def _write_error(e: Exception, directory: pathlib.Path) -> OSError:
 
 
 class Checkpointer:
-  def __init__(self, directory: pathlib.Path, max_to_keep: int = 2):
-    self.directory = pathlib.Path(directory).absolute()
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2):
+    """`directory`: a local folder or one on storage orbax writes to (`gs://...`)."""
+    directory = paths.path(directory)
+    self.directory = directory.absolute() if paths.is_local(directory) else directory
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
     # The training loop alone asks JAX's preemption service (`train.train_seeds`, one id per compiled

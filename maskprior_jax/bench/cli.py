@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import pathlib
 import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
+from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.bench.workdir import WorkdirBusy, reason
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
@@ -35,7 +35,7 @@ def cmd_benchmark(args) -> int:
   methods = parse_list(args.methods, command.methods, "method")
   seeds = parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)
-  with open_workdir(pathlib.Path(args.workdir), record, args.fresh, " ".join(["maskprior", *args.argv])) as workdir:
+  with open_workdir(workdir_lib.path(args.workdir), record, args.fresh, " ".join(["maskprior", *args.argv])) as workdir:
     print(command.run(cfg, context, methods, seeds, workdir))
   print(f"results in {workdir}")
   return 0
@@ -45,7 +45,7 @@ def cmd_report(args) -> int:
   """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
   results.json that cannot be read is named in one line and skipped (exit status 1)."""
   found = []
-  for d in map(pathlib.Path, args.dirs):
+  for d in map(workdir_lib.path, args.dirs):
     if not d.exists():
       raise UsageError(f"{d} does not exist")
     found += [d / "results.json"] if (d / "results.json").exists() else sorted(d.glob("*/results.json"))
@@ -64,7 +64,7 @@ def cmd_report(args) -> int:
   for path, res in loaded:
     if res.get("benchmark") not in BENCHMARKS:
       raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
-  out = pathlib.Path(args.out) if args.out else None
+  out = workdir_lib.path(args.out) if args.out else None
   report = lambda name: importlib.import_module(f"maskprior_jax.bench.{name}.report")
   for i, (_, res) in enumerate(r for r in loaded if r[1]["benchmark"] != "boolean"):   # one table per run folder
     print(report(res["benchmark"]).table(res))

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import pathlib
 import platform
 import sys
 import time
@@ -31,7 +30,7 @@ class ReportError(ValueError):
 
 
 @contextlib.contextmanager
-def open_workdir(workdir: pathlib.Path, record: dict, fresh: bool, command: str):
+def open_workdir(workdir: str | os.PathLike, record: dict, fresh: bool, command: str):
   """The run folder for one command, held for the command's whole run. Entered once every input
   is known good, before anything is written:
 
@@ -45,16 +44,17 @@ def open_workdir(workdir: pathlib.Path, record: dict, fresh: bool, command: str)
   Writes run_config.json; process 0 alone writes."""
   from maskprior_jax.bench.config import UsageError
   from maskprior_jax.distributed import broadcast_flag
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.path(workdir)
   cfg_path = workdir / "run_config.json"
   record = json.loads(json.dumps(record, sort_keys=True))  # as stored: tuples become lists
   if workdir.exists() and not workdir.is_dir():
     raise UsageError(f"--workdir {workdir} is a file, not a folder")
-  existing = next(p for p in [workdir, *workdir.absolute().parents] if p.exists())
-  if not existing.is_dir():
-    raise UsageError(f"cannot create --workdir {workdir}: {existing} is a file")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UsageError(f"cannot write in --workdir {workdir}: {existing} is not writable")
+  if workdir_lib.is_local(workdir):   # on cloud storage, access shows at the first write
+    existing = next(p for p in [workdir, *workdir.absolute().parents] if p.exists())
+    if not existing.is_dir():
+      raise UsageError(f"cannot create --workdir {workdir}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+      raise UsageError(f"cannot write in --workdir {workdir}: {existing} is not writable")
   def check_record(move: bool) -> None:
     old = None if fresh else workdir_lib.read_json(cfg_path, lambda r: isinstance(r, dict), move=move)
     if old is not None and old != record:
@@ -73,10 +73,9 @@ def open_workdir(workdir: pathlib.Path, record: dict, fresh: bool, command: str)
     check_record(move=is_main_process())   # again under the lock; a damaged record is set aside
     if is_main_process():   # with several processes, only process 0 writes
       if fresh:
-        import shutil
         for child in workdir.iterdir():
           if child.name != workdir_lib.LOCK_NAME:   # the lock this command holds
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+            child.rmtree() if child.is_dir() else child.unlink()
       workdir_lib.write_text(cfg_path, json.dumps(record, indent=1, sort_keys=True))
     barrier("maskprior_workdir_ready")
     yield workdir
@@ -103,7 +102,7 @@ class RunRecord:
             "state_sha256": self.state_sha256, **self.info}
 
 
-def write_json(path: pathlib.Path, obj: Any) -> None:
+def write_json(path: str | os.PathLike, obj: Any) -> None:
   """Write atomically (`workdir.write_json`: temp file named after host and process, then a
   rename), so an interrupted write never leaves half a file. Only process 0 writes."""
   if is_main_process():
@@ -115,13 +114,13 @@ def _is_results(obj) -> bool:
       and obj.get("benchmark") in BENCHMARKS
 
 
-def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header: dict) -> dict:
+def open_results(workdir: str | os.PathLike, cfg, digest: str, benchmark: str, header: dict) -> dict:
   """The run folder's results.json if it holds a run of the same config (`digest`), so that
   finished methods are kept; otherwise a new record of `benchmark` and `header` with empty
   runs. Writes config.json."""
   if benchmark not in BENCHMARKS:
     raise ValueError(f"unknown benchmark {benchmark!r}")
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   from maskprior_jax.bench.config import attention_record
   results = {"benchmark": benchmark, **header, "config_digest": digest, "runs": [], "curves": {}, "wall_s": {},
@@ -137,19 +136,19 @@ def open_results(workdir: pathlib.Path, cfg, digest: str, benchmark: str, header
   return results
 
 
-def _write_metrics(workdir: pathlib.Path, results: dict) -> None:
+def _write_metrics(workdir: str | os.PathLike, results: dict) -> None:
   write_jsonl(workdir / "metrics.jsonl", [
       {"method": m, "runs": c.get("runs"), **{k: c[k][t] for k in c if k != "runs"}}
       for m, c in results["curves"].items() for t in range(len(c["step"]))])
 
 
 def record_method(results: dict, method: str, history: Sequence[dict], wall_s: float,
-                  workdir: pathlib.Path, run_labels: Sequence | None = None) -> None:
+                  workdir: str | os.PathLike, run_labels: Sequence | None = None) -> None:
   """Store a finished batch of a method's runs: its eval curves (appended run-wise to the curves
   of earlier seeds of the same method, which share the eval steps) and wall time; rewrite
   results.json and metrics.jsonl (one row per method and evaluation; `run_labels` name the runs
   of each curve, the seeds by default)."""
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.path(workdir)
   new = {k: [h[k] for h in history] for k in history[0]}
   new["runs"] = [list(r) if isinstance(r, (tuple, list)) else r for r in (run_labels or [])]
   old = results["curves"].get(method)
@@ -183,7 +182,7 @@ def environment() -> dict:
           "processes": jax.process_count(), "distributed": distributed.started()}
 
 
-def write_jsonl(path: pathlib.Path, rows: Sequence[dict]) -> None:
+def write_jsonl(path: str | os.PathLike, rows: Sequence[dict]) -> None:
   """Rewrite a JSON-lines file atomically (one row per line); only process 0 writes."""
   if is_main_process():
     workdir_lib.write_jsonl(path, rows)
@@ -196,13 +195,15 @@ class TensorBoardLog:
   "train_seed/<label>/"), and the run's config as hparams when the writer opens. Opened lazily,
   so a run that never logs writes nothing; only process 0 writes."""
 
-  def __init__(self, logdir: pathlib.Path, hparams: dict | None = None, labels: Sequence | None = None):
-    self.logdir, self.writer, self.hparams, self.labels = pathlib.Path(logdir), None, hparams, labels
+  def __init__(self, logdir: str | os.PathLike, hparams: dict | None = None, labels: Sequence | None = None):
+    self.logdir, self.writer, self.hparams, self.labels = workdir_lib.path(logdir), None, hparams, labels
 
   def _open(self):
     if self.writer is None:
       from tensorboardX import SummaryWriter
-      self.writer = SummaryWriter(str(self.logdir))
+      if not workdir_lib.is_local(self.logdir):
+        _register_event_writer(os.fspath(self.logdir).split(":")[0])
+      self.writer = SummaryWriter(os.fspath(self.logdir))
       if self.hparams:
         from tensorboardX.summary import hparams
         for summary in hparams(self.hparams, {"unseen_mse_true": 0.0, "train/loss": 0.0}):
@@ -243,6 +244,40 @@ class TensorBoardLog:
       self.writer.close()
 
 
+class _EpathEventFile:
+  """An event file on cloud storage, through epath: the whole file is rewritten at each flush (an
+  object cannot be appended to), as tensorboardX's own GCS writer does."""
+
+  def __init__(self, p: str):
+    self.path, self.data = workdir_lib.path(p), bytearray()
+
+  def write(self, b: bytes) -> None:
+    self.data += b
+
+  def flush(self) -> None:
+    self.path.write_bytes(bytes(self.data))
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _EpathEventFactory:
+  def open(self, p: str):
+    return _EpathEventFile(p)
+
+  def directory_check(self, p: str) -> None:
+    workdir_lib.path(p).mkdir(parents=True, exist_ok=True)
+
+
+def _register_event_writer(scheme: str) -> None:
+  """Event files under `scheme://` go through epath, unless tensorboardX writes that scheme
+  itself (gs:// with google-cloud-storage installed, s3:// with boto3)."""
+  from tensorboardX import record_writer
+  native = (scheme == "gs" and record_writer.GCS_ENABLED) or (scheme == "s3" and record_writer.S3_ENABLED)
+  if not native:
+    record_writer.register_writer_factory(scheme, _EpathEventFactory())
+
+
 def mean_std(values: Sequence[float]) -> str:
   v = np.asarray(values, float)
   if v.size == 0:
@@ -275,7 +310,7 @@ def metric_curves(curves: dict, key: str) -> dict[str, tuple[np.ndarray, np.ndar
   return out
 
 
-def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
+def plot_curves(path: str | os.PathLike, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
                 ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None) -> None:
   """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band."""
   fig, ax = new_figure((5.5, 3.6))
@@ -293,7 +328,7 @@ def plot_curves(path: pathlib.Path, curves: dict[str, tuple[np.ndarray, np.ndarr
   ax.set(title=title, xlabel="step", ylabel=ylabel)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  workdir_lib.write_figure(fig, path)
 
 
 def per_run(history: Sequence[dict], i: int, keys: Sequence[str]) -> list[dict]:

@@ -14,7 +14,7 @@ pattern), mask (the model with the mask prior). Same model, budget and optimizer
 from __future__ import annotations
 
 import dataclasses
-import pathlib
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,6 +24,7 @@ import numpy as np
 from maskprior_jax import baselines, distributed, measure, train
 from maskprior_jax.attention import MASK_PRIOR
 from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.checkpoint import Checkpointer, tree_sha256
 
 METHODS = ("vanilla", "mimetic", "qk", "mask")
@@ -114,7 +115,7 @@ class Benchmark:
     """One line on the method's new runs, for the log."""
     raise NotImplementedError
 
-  def write_report(self, results: dict, workdir: pathlib.Path) -> None:
+  def write_report(self, results: dict, workdir: str | os.PathLike) -> None:
     raise NotImplementedError
 
 
@@ -186,7 +187,7 @@ def hparams(cfg, method: str) -> dict:
   return {"method": method, **out}
 
 
-def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: pathlib.Path):
+def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: str | os.PathLike):
   """Train one method's runs in one vmapped program, with the persistence measurements; every
   evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
   Returns (final stacked state on the host, eval history, per-run init info)."""
@@ -195,7 +196,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
   mesh = settings.mesh()
   evaluate = _evaluator(model, bench, runs, init0, mesh, bench.probe_for(method))
-  where = pathlib.Path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
+  where = workdir_lib.path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
   tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where, hparams=hparams(bench.cfg, method),
                                             labels=[r.label for r in runs])
 
@@ -227,12 +228,12 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   return distributed.host_tree(state), history, [i for _, i in inits]
 
 
-def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: pathlib.Path, log=print,
+def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: str | os.PathLike, log=print,
         progress: results_lib.RunProgress | None = None) -> dict:
   """Train every method for every seed not yet in `workdir`'s results.json, record each run as it
   finishes (a rerun skips finished methods and resumes an interrupted one from its checkpoint),
   then write the benchmark's report. `progress` counts finished method runs. Returns results."""
-  workdir = pathlib.Path(workdir)
+  workdir = workdir_lib.path(workdir)
   if bench.settings.batches == "device" and type(bench).device_batches is Benchmark.device_batches:
     from maskprior_jax.bench.config import ConfigError
     raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")

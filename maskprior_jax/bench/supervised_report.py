@@ -3,12 +3,12 @@
 char per method against the best baseline, and persistence."""
 from __future__ import annotations
 
-import pathlib
+import os
 
 import numpy as np
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.workdir import write_text
+from maskprior_jax.bench.workdir import path as as_path, write_text
 
 
 def headline_key(results: dict) -> str:
@@ -42,9 +42,9 @@ def table(results: dict) -> str:
   return out
 
 
-def write_report(results: dict, workdir: pathlib.Path) -> None:
+def write_report(results: dict, workdir: str | os.PathLike) -> None:
   """table.md and the plots of a run folder."""
-  workdir = pathlib.Path(workdir)
+  workdir = as_path(workdir)
   write_text(workdir / "table.md", table(results))
   curves = results["curves"]
   if not curves:

@@ -10,16 +10,27 @@ per-process names, and damaged files set aside instead of stopping the run.
   rebuilt from their checkpoints, or rerun).
 - `write_text` / `write_json` / `write_jsonl`: temp file + rename, the temp file named after the
   host and process so that two writers never share one.
+
+Every run-folder path is an `etils.epath.Path` (`maskprior_jax.paths.path`), the type orbax uses, so a workdir may be
+local or on storage orbax writes to (`gs://...`, `s3://...`). On such storage (`is_local` false)
+there is no kernel lock and no rename: an object is published only when its upload completes, so
+writes go straight to the object, and the lock is advisory (a record, see `WorkdirLock`).
 """
 from __future__ import annotations
 
 import json
 import os
-import pathlib
 import socket
 import sys
 import time
 from typing import Any, Callable
+
+from etils import epath
+
+from maskprior_jax.paths import is_local, path
+
+__all__ = ["LOCK_NAME", "WorkdirBusy", "WorkdirLock", "is_local", "path", "read_json", "read_jsonl", "reason",
+           "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
 
 LOCK_NAME = ".maskprior.lock"
 
@@ -35,13 +46,34 @@ def _holder_text(holder: dict) -> str:
 
 class WorkdirLock:
   """One command per run folder. `acquire()` creates the folder if needed and takes the lock, or
-  raises WorkdirBusy naming the holder; `release()` (or leaving the `with` block) clears it."""
+  raises WorkdirBusy naming the holder; `release()` (or leaving the `with` block) clears it.
 
-  def __init__(self, workdir: pathlib.Path, command: str, stream=None):
-    self.path = pathlib.Path(workdir) / LOCK_NAME
-    self.command, self.stream, self.fd = command, stream or sys.stderr, None
+  On cloud storage no process can hold a lock that dies with it, so the lock is the record alone:
+  a record left by another command (still running, or stopped without releasing) is named in a
+  one-line warning and taken over; the user stops one of the two if both are running."""
+
+  def __init__(self, workdir: str | os.PathLike, command: str, stream=None):
+    self.path = path(workdir) / LOCK_NAME
+    self.command, self.stream, self.fd, self.remote = command, stream or sys.stderr, None, False
+
+  def _record(self) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": self.command}
+
+  def _acquire_remote(self) -> "WorkdirLock":
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    left = _parse_holder(self.path.read_bytes()) if self.path.exists() else {}
+    if left:
+      print(f"maskprior: warning: {self.path.parent} holds the lock record of {_holder_text(left)}; cloud "
+            "storage cannot tell whether it still runs: taking it over (stop one command if both are running)",
+            file=self.stream)
+    self.path.write_text(json.dumps(self._record()))
+    self.remote = True
+    return self
 
   def acquire(self) -> "WorkdirLock":
+    if not is_local(self.path):
+      return self._acquire_remote()
     import fcntl
     self.path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -58,15 +90,16 @@ class WorkdirLock:
       gone = "no longer running" if same_host else "on another host; its lock is free"
       print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, {gone}; taking it over",
             file=self.stream)
-    record = {"host": socket.gethostname(), "pid": os.getpid(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": self.command}
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(record).encode(), 0)
+    os.pwrite(fd, json.dumps(self._record()).encode(), 0)
     os.fsync(fd)
     self.fd = fd
     return self
 
   def release(self) -> None:
+    if self.remote:
+      self.path.write_text("")   # an empty record: released cleanly
+      self.remote = False
     if self.fd is None:
       return
     import fcntl
@@ -82,31 +115,42 @@ class WorkdirLock:
     self.release()
 
 
-def _read_holder(fd: int) -> dict:
+def _parse_holder(data: bytes) -> dict:
   try:
-    data = os.pread(fd, 4096, 0)
     return json.loads(data) if data.strip() else {}
-  except (OSError, ValueError):
+  except ValueError:
     return {"pid": "?", "host": "?", "command": "unreadable lock record"}
 
 
-def _tmp(path: pathlib.Path) -> pathlib.Path:
-  return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+def _read_holder(fd: int) -> dict:
+  try:
+    return _parse_holder(os.pread(fd, 4096, 0))
+  except OSError:
+    return {"pid": "?", "host": "?", "command": "unreadable lock record"}
 
 
-def write_text(path: pathlib.Path, text: str) -> None:
+def _tmp(p: epath.Path) -> epath.Path:
+  return p.with_name(f".{p.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+def write_text(p: str | os.PathLike, text: str) -> None:
   """Write atomically: a temp file named after this host and process, then a rename, so an
-  interrupted write never leaves half a file and two writers never share a temp file."""
-  path = pathlib.Path(path)
-  tmp = _tmp(path)
+  interrupted write never leaves half a file and two writers never share a temp file. On cloud
+  storage the object itself is written (it appears only once its upload completes)."""
+  from maskprior_jax import faults
+  p = path(p)
+  if not is_local(p):
+    faults.point("write")
+    p.write_text(text)
+    return
+  tmp = _tmp(p)
   try:
     tmp.write_text(text)
   except OSError:   # e.g. a full disk: no half-written temporary file is left behind
     tmp.unlink(missing_ok=True)
     raise
-  from maskprior_jax import faults
   faults.point("write")
-  os.replace(tmp, path)
+  os.replace(tmp, p)
 
 
 def _json_default(o):
@@ -118,20 +162,34 @@ def _json_default(o):
   return str(o)
 
 
-def write_json(path: pathlib.Path, obj: Any) -> None:
-  write_text(path, json.dumps(obj, indent=1, default=_json_default))
+def write_json(p: str | os.PathLike, obj: Any) -> None:
+  write_text(p, json.dumps(obj, indent=1, default=_json_default))
 
 
-def write_jsonl(path: pathlib.Path, rows) -> None:
-  write_text(path, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
+def write_jsonl(p: str | os.PathLike, rows) -> None:
+  write_text(p, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows))
 
 
-def set_aside(path: pathlib.Path, why: str, stream=None) -> pathlib.Path:
+def write_figure(fig, p: str | os.PathLike, dpi: int = 110) -> None:
+  """Save a matplotlib figure as PNG to a local or cloud path."""
+  import io
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=dpi)
+  p = path(p)
+  if is_local(p):
+    tmp = _tmp(p)
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, p)
+  else:
+    p.write_bytes(buf.getvalue())
+
+
+def set_aside(p: str | os.PathLike, why: str, stream=None) -> epath.Path:
   """Rename a damaged file `<name>.damaged-<time>` (nothing is deleted) and say so in one line."""
-  path = pathlib.Path(path)
-  aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-  os.replace(path, aside)
-  print(f"maskprior: warning: {path} is unreadable ({why}); moved to {aside.name}, continuing from what "
+  p = path(p)
+  aside = p.with_name(f"{p.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+  p.replace(aside)
+  print(f"maskprior: warning: {p} is unreadable ({why}); moved to {aside.name}, continuing from what "
         "is intact", file=stream or sys.stderr)
   return aside
 
@@ -141,21 +199,21 @@ def reason(e: Exception) -> str:
   return str(e).splitlines()[0][:120] if str(e).strip() else type(e).__name__
 
 
-def _read(path: pathlib.Path, parse: Callable[[str], Any], move: bool):
+def _read(p: str | os.PathLike, parse: Callable[[str], Any], move: bool):
   """`parse(text)` of the file, or None when it is absent or `parse` raises ValueError (a damaged
   file, set aside when `move`)."""
-  path = pathlib.Path(path)
-  if not path.exists():
+  p = path(p)
+  if not p.exists():
     return None
   try:
-    return parse(path.read_text())
+    return parse(p.read_text())
   except (ValueError, UnicodeDecodeError) as e:
     if move:
-      set_aside(path, reason(e))
+      set_aside(p, reason(e))
     return None
 
 
-def read_json(path: pathlib.Path, check: Callable[[Any], bool] = lambda obj: True, *, move: bool = True):
+def read_json(p: str | os.PathLike, check: Callable[[Any], bool] = lambda obj: True, *, move: bool = True):
   """The parsed file, or None when it is absent or damaged (unparsable, or `check` says its
   content is not what this file holds). A damaged file is set aside when `move` (the process
   that writes the folder), and left in place otherwise."""
@@ -164,14 +222,14 @@ def read_json(path: pathlib.Path, check: Callable[[Any], bool] = lambda obj: Tru
     if not check(obj):
       raise ValueError("not the content this file holds")
     return obj
-  return _read(path, parse, move)
+  return _read(p, parse, move)
 
 
-def read_jsonl(path: pathlib.Path, *, move: bool = True) -> list | None:
+def read_jsonl(p: str | os.PathLike, *, move: bool = True) -> list | None:
   """As `read_json`, for a JSON-lines file."""
   def parse(text):
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not all(isinstance(r, dict) for r in rows):
       raise ValueError("a line is not a record")
     return rows
-  return _read(path, parse, move)
+  return _read(p, parse, move)

@@ -3,12 +3,12 @@ training size and method (mean and per seed), training fit, the claim line, digi
 to 99%, exact match by carries and persistence. Used at the end of a run and by `maskprior report`."""
 from __future__ import annotations
 
-import pathlib
+import os
 
 import numpy as np
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.workdir import write_text
+from maskprior_jax.bench.workdir import path as as_path, write_figure, write_text
 
 
 def claim_line(results: dict, threshold: float = 0.9) -> str:
@@ -75,9 +75,9 @@ def table(results: dict) -> str:
   return out
 
 
-def write_report(results: dict, workdir: pathlib.Path) -> None:
+def write_report(results: dict, workdir: str | os.PathLike) -> None:
   """table.md and the plots of a run folder."""
-  workdir = pathlib.Path(workdir)
+  workdir = as_path(workdir)
   write_text(workdir / "table.md", table(results))
   methods, sizes = results_lib.methods_in(results), results["train_sizes"]
   if not methods:
@@ -93,7 +93,7 @@ def write_report(results: dict, workdir: pathlib.Path) -> None:
          title=f"{results['task']}: test exact match vs training size")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(workdir / "exact_match_vs_train_size.png", dpi=110)
+  write_figure(fig, workdir / "exact_match_vs_train_size.png")
   curves = results["curves"]
   results_lib.plot_curves(workdir / "persistence.png", results_lib.metric_curves(curves, "attn_tv"),
                          title=f"{results['task']}: attention distance from the prior (answer rows)",

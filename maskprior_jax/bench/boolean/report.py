@@ -3,13 +3,13 @@ mechanism and degree-profile tables and plots, the headline over the tasks, and 
 run folders that `maskprior report` does. Used at the end of a run and by `maskprior report`."""
 from __future__ import annotations
 
-import pathlib
+import os
 from typing import Sequence
 
 import numpy as np
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.workdir import write_text
+from maskprior_jax.bench.workdir import path as as_path, write_figure, write_text
 from maskprior_jax.bench.boolean import methods as boolean_methods
 from maskprior_jax.bench.boolean.tasks import TASKS
 from maskprior_jax.bench.runner import METHODS
@@ -143,9 +143,9 @@ def degree_table(results: dict) -> str:
       ["function"] + [f"degree {d}" for d in range(top + 1)], rows)
 
 
-def write_task_report(results: dict, workdir: pathlib.Path) -> None:
+def write_task_report(results: dict, workdir: str | os.PathLike) -> None:
   """table.md and the plots of one task's run folder."""
-  workdir = pathlib.Path(workdir)
+  workdir = as_path(workdir)
   write_text(workdir / "table.md", task_table(results))
   curves = results["curves"]
   if not curves:
@@ -163,7 +163,7 @@ def write_task_report(results: dict, workdir: pathlib.Path) -> None:
   plot_degree_profiles(results, workdir / "degree_profiles.png")
 
 
-def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
+def plot_degree_profiles(results: dict, path: str | os.PathLike) -> None:
   profiles = {}
   for r in results["runs"]:
     if r.get("degree_profile") is not None:
@@ -182,7 +182,7 @@ def plot_degree_profiles(results: dict, path: pathlib.Path) -> None:
   ax.set(title=f"{results['task']}: degree profile (sum of f̂(S)² by |S|)", xlabel="degree", ylabel="energy")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  write_figure(fig, path)
 
 
 def headline_table(all_results: Sequence[dict]) -> str:
@@ -246,7 +246,7 @@ def attribution_table(all_results: Sequence[dict]) -> str:
           "than the larger seed spread of the two:\n\n" + results_lib.markdown_table(header, rows))
 
 
-def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) -> None:
+def write_headline_report(all_results: Sequence[dict], workdir: str | os.PathLike) -> None:
   """summary.md and headline.png over the tasks."""
   write_text(workdir / "summary.md", headline_table(all_results))
   methods = [m for m in boolean_methods.METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
@@ -263,15 +263,15 @@ def write_headline_report(all_results: Sequence[dict], workdir: pathlib.Path) ->
   ax.set(ylabel="unseen MSE / MDI's unseen MSE", title="Extrapolation error relative to the MDI (fitted runs; 1 = MDI, 0 = truth)")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(workdir / "headline.png", dpi=110)
+  write_figure(fig, as_path(workdir) / "headline.png")
 
 
-def pool(found: Sequence[tuple[pathlib.Path, dict]]) -> list[dict]:
+def pool(found: Sequence[tuple[os.PathLike, dict]]) -> list[dict]:
   """Run folders' results pooled by task (runs of one task from several folders merged, which
   must hold the same config and disjoint seeds), in the headline's task order. Raises
   results.ReportError naming the two folders otherwise."""
   by_task: dict[str, dict] = {}
-  source: dict[str, pathlib.Path] = {}
+  source: dict[str, os.PathLike] = {}
   for path, res in found:
     if res["task"] in by_task:   # pool seeds of the same task, from runs of the same config only
       merged, first = by_task[res["task"]], source[res["task"]]
@@ -292,7 +292,7 @@ def pool(found: Sequence[tuple[pathlib.Path, dict]]) -> list[dict]:
   return sorted(by_task.values(), key=lambda r: order.get(r["task"], len(order)))
 
 
-def report(found: Sequence[tuple[pathlib.Path, dict]], out: pathlib.Path | None) -> str:
+def report(found: Sequence[tuple[os.PathLike, dict]], out: os.PathLike | None) -> str:
   """`maskprior report` for Boolean run folders: pooled by task; the headline table and every
   task's table as text, and with `out` the same as files (summary.md, headline.png, one folder
   of tables and plots per task)."""

@@ -8,7 +8,7 @@ same command with the same workdir skips finished methods.
 """
 from __future__ import annotations
 
-import pathlib
+import os
 import sys
 from typing import Sequence
 
@@ -20,6 +20,7 @@ import numpy as np
 from maskprior_jax import priors
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench.boolean import algebra, designs, mechanism, methods as boolean_methods, report
 from maskprior_jax.bench.boolean import data as boolean_data
@@ -303,22 +304,22 @@ class BooleanTask(runner.Benchmark):
 
 
 def run_task(task: boolean.Task, cfg: ml_collections.ConfigDict, methods: Sequence[str],
-             seeds: Sequence[int], workdir: pathlib.Path, log=print, progress=None) -> dict:
+             seeds: Sequence[int], workdir: str | os.PathLike, log=print, progress=None) -> dict:
   """Train every method on the task's seen domain for every seed not yet in `workdir`, and
   measure extrapolation, fit, mechanism and persistence. `progress` (`results.RunProgress`)
   counts finished method runs."""
   return runner.run(BooleanTask(task, cfg), methods, seeds, workdir, log=log, progress=progress)
 
 
-def run_headline(cfg, methods, seeds, workdir: pathlib.Path, tasks: Sequence[str] = tuple(boolean.TASKS), log=print):
+def run_headline(cfg, methods, seeds, workdir: str | os.PathLike, tasks: Sequence[str] = tuple(boolean.TASKS), log=print):
   """Every headline task (or `tasks`), each in its folder under `workdir`, then summary.md and
   headline.png over them."""
   all_tasks = headline_tasks(cfg)
   progress = results_lib.RunProgress(len(tasks) * len(methods), label="boolean")
-  all_results = [run_task(all_tasks[name], cfg, methods, seeds, pathlib.Path(workdir) / name, log=log,
+  all_results = [run_task(all_tasks[name], cfg, methods, seeds, workdir_lib.path(workdir) / name, log=log,
                           progress=progress) for name in tasks]
   if is_main_process():   # process 0 writes the report
-    report.write_headline_report(all_results, pathlib.Path(workdir))
+    report.write_headline_report(all_results, workdir_lib.path(workdir))
   return all_results
 
 

@@ -1,0 +1,122 @@
+"""Run folders given as `etils.epath.Path` (the type orbax uses): a whole benchmark on one, and
+every run-folder file (lock, run_config.json, results.json, damaged files, TensorBoard events,
+plots, `maskprior report`) on a `gs://` folder, here an in-memory file system standing in for
+Cloud Storage (no network)."""
+import json
+import pathlib
+import struct
+
+import fsspec
+import pytest
+from etils import epath
+from fsspec.implementations.memory import MemoryFileSystem
+
+from maskprior_jax import paths
+from maskprior_jax.bench import cli, results as results_lib, workdir as W
+from maskprior_jax.bench.boolean import run as boolean_run, tasks as boolean_tasks
+from maskprior_jax.bench.config import apply_overrides, builtin_config
+
+SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
+         "--config.checkpoint.every_steps=50", "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+
+
+class _MemoryGCS(MemoryFileSystem):
+  """Cloud Storage's stand-in: what epath opens for `gs://` (its fsspec backend asks for "gcs")."""
+  protocol = ("gcs", "gs")
+  store, pseudo_dirs = {}, [""]
+
+  def __init__(self, *args, finalize_on_close=None, **kwargs):
+    del finalize_on_close
+    super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def gcs(monkeypatch):
+  fsspec.register_implementation("gcs", _MemoryGCS, clobber=True)
+  monkeypatch.setattr("etils.epath.gpath._is_tf_installed", lambda: False)   # epath's fsspec backend
+  _MemoryGCS.store.clear()
+  _MemoryGCS.pseudo_dirs[:] = [""]
+  yield epath.Path("gs://bucket/run")
+  _MemoryGCS.store.clear()
+
+
+def _events(folder: epath.Path) -> dict:
+  """tag -> {step: value} read back from a folder's TensorBoard record files."""
+  from tensorboardX.proto import event_pb2
+  scalars = {}
+  for p in sorted(q for q in folder.iterdir() if q.name.startswith("events.out.tfevents.")):
+    data, i = p.read_bytes(), 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event()
+      event.ParseFromString(data[i + 12:i + 12 + n])
+      for v in event.summary.value:
+        if v.HasField("simple_value"):
+          scalars.setdefault(v.tag, {})[event.step] = v.simple_value
+      i += 12 + n + 4
+  return scalars
+
+
+def test_paths_tell_local_from_cloud_storage():
+  assert paths.is_local("runs/x") and paths.is_local(pathlib.Path("/tmp/x")) and paths.is_local(epath.Path("x"))
+  assert not paths.is_local("gs://bucket/run") and not paths.is_local(epath.Path("s3://b/x"))
+  assert isinstance(paths.path("gs://bucket/run"), epath.Path) and str(paths.path("gs://bucket/run")) == "gs://bucket/run"
+
+
+def test_a_benchmark_runs_on_an_epath_workdir(tmp_path, capsys):
+  """The Boolean benchmark given its workdir as an epath.Path writes the same folder as with a
+  string: results, table, plots, TensorBoard, checkpoints; a rerun finds the finished run."""
+  work = epath.Path(tmp_path) / "f2"
+  cfg = apply_overrides(builtin_config("boolean"), SHORT)
+  task = boolean_tasks.get_task("f2")
+  res = boolean_run.run_task(task, cfg, ["mask"], [0], work, log=print)
+  assert [r["method"] for r in res["runs"]] == ["mask"]
+  local = pathlib.Path(tmp_path) / "f2"
+  for name in ("results.json", "metrics.jsonl", "config.json", "table.md", "degree_profiles.png", "unseen_loss.png"):
+    assert (local / name).stat().st_size > 0, name
+  assert json.loads((local / "results.json").read_text())["runs"][0]["state_sha256"] == res["runs"][0]["state_sha256"]
+  assert sorted(_events(work / "tensorboard" / "mask" / "seeds_0")["train/loss"]) == [50, 100]
+  assert (local / "checkpoints" / "mask" / "seeds_0" / "100").is_dir()
+  again = boolean_run.run_task(task, cfg, ["mask"], [0], work, log=print)
+  assert again["runs"] == res["runs"] and "already in" in capsys.readouterr().out
+
+
+def test_a_cloud_workdir_holds_every_run_folder_file(gcs, capsys):
+  """On gs:// (an in-memory stand-in): the advisory lock record, run_config.json, atomic-by-object
+  writes, a damaged file set aside, TensorBoard events, plots, and `maskprior report` reading it."""
+  record = {"command": ["vision"], "config": {"a": 1}}
+  with results_lib.open_workdir(str(gcs), record, fresh=False, command="maskprior vision") as work:
+    assert isinstance(work, epath.Path) and str(work) == "gs://bucket/run"
+    assert json.loads((gcs / W.LOCK_NAME).read_text())["command"] == "maskprior vision"
+    assert json.loads((gcs / "run_config.json").read_text()) == record
+    src = pathlib.Path(__file__).parents[1] / "experiments" / "results" / "vision" / "results.json"
+    results = json.loads(src.read_text())
+    results_lib.write_json(work / "results.json", results)
+    assert W.read_json(work / "results.json", results_lib._is_results) == results
+    log = results_lib.TensorBoardLog(work / "tensorboard" / "mask", hparams={"method": "mask", "lr": 1e-3})
+    log.train(10, {"loss": [0.5, 0.7], "learning_rate": 1e-3})
+    log(10, {"step": 10, "test_accuracy": [0.8, 0.9]})
+    log.train(20, {"loss": [0.25, 0.35], "learning_rate": 1e-3})
+    log.close()
+    scalars = _events(work / "tensorboard" / "mask")
+    assert scalars["train/loss"] == pytest.approx({10: 0.6, 20: 0.3})
+    assert scalars["test_accuracy"] == pytest.approx({10: 0.85})
+    results_lib.plot_curves(work / "curve.png", {"mask": ([0, 1], [[1.0, 0.5]])}, title="t", ylabel="y")
+    assert (work / "curve.png").read_bytes()[:4] == b"\x89PNG"
+  assert (gcs / W.LOCK_NAME).read_text() == ""   # released
+  # A second command while the first holds the record: warned (storage cannot tell), not stopped.
+  held = W.WorkdirLock(gcs, "first").acquire()
+  capsys.readouterr()
+  W.WorkdirLock(gcs, "second").acquire().release()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "first" in err[0] and "taking it over" in err[0]
+  del held
+  # `maskprior report` reads the folder where it lies.
+  assert cli.main(["report", str(gcs)]) == 0
+  assert "test accuracy" in capsys.readouterr().out
+  # A damaged file there is set aside (nothing deleted) and read as absent.
+  (gcs / "metrics.jsonl").write_text("{not json")
+  assert W.read_jsonl(gcs / "metrics.jsonl") is None
+  aside = [p.name for p in gcs.iterdir() if p.name.startswith("metrics.jsonl.damaged-")]
+  assert len(aside) == 1 and (gcs / aside[0]).read_text() == "{not json"
+  assert "metrics.jsonl is unreadable" in capsys.readouterr().err
