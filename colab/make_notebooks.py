@@ -8,7 +8,7 @@
 cell computes needs `--execute`. tests/test_notebooks.py checks that the committed notebooks'
 cell texts equal the ones below.
 
-The install cell and the parameter cell are shared by every notebook. With
+The first code cell (`setup`: install, parameters, what was picked) is shared by every notebook. With
 MASKPRIOR_SMOKE=1 in the environment, each notebook shrinks its steps and seeds (CI runs
 them that way, offline).
 """
@@ -28,18 +28,21 @@ def badge(name: str) -> str:
           f"(https://colab.research.google.com/github/{REPO}/blob/main/colab/{name})")
 
 
-INSTALL = f'''# Install maskprior-jax where it is missing (on Colab); a checkout that has it installed skips this.
-import importlib.util, subprocess, sys
+def setup(settings: str, configuration: str):
+  """The first code cell of every notebook: install where missing, the parameters, then one line
+  each for the backend and devices and for the configuration the notebook picked."""
+  return code(f'''# Setup: install maskprior-jax where it is missing (on Colab; a checkout that has it installed skips
+# this), then the parameters. MASKPRIOR_SMOKE=1 (set by CI) shrinks steps and seeds; the code path is the same.
+import importlib.util, os, subprocess, sys
 if importlib.util.find_spec("maskprior_jax") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
-                           "maskprior-jax[data] @ git+https://github.com/{REPO}"])'''
-
-PARAMS = '''# Parameters. MASKPRIOR_SMOKE=1 (set by CI) shrinks steps and seeds; the code path is the same.
-import os
+                           "maskprior-jax[data] @ git+https://github.com/{REPO}"])
 import jax
 SMOKE = os.environ.get("MASKPRIOR_SMOKE") == "1"
 ACCELERATOR = jax.default_backend() in ("gpu", "tpu")
-print("smoke mode:", SMOKE, "| backend:", jax.default_backend(), "| devices:", jax.device_count())'''
+{settings.strip()}
+print("backend:", jax.default_backend(), "| devices:", jax.devices())
+print("configuration:", {configuration})''')
 
 
 def md(text):
@@ -62,9 +65,8 @@ We take a Boolean task, build the mask prior from which variables interact, trai
 Transformer and a mask-prior Transformer on the *seen* half of the cube, and compare how they
 extrapolate to the unseen part. A few minutes on a free CPU runtime.
 """),
-    code(INSTALL),
-    code(PARAMS + '''
-STEPS = 60 if SMOKE else 1500      # Adam steps at batch 64'''),
+    setup('''
+STEPS = 60 if SMOKE else 1500      # Adam steps at batch 64''', '"smoke (CI)" if SMOKE else "default", "|", STEPS, "steps at batch 64"'),
     md("""
 ## The task
 `f3_cyclic` (Abbe et al., *generalization on the unseen*): n = 15 bits in {-1, +1},
@@ -207,8 +209,7 @@ and against the minimum-degree interpolator, persistence of each prior, degree p
 Small settings on a CPU runtime; GOTU's model size when a GPU or TPU runtime is present
 (detected below, not edited by hand).
 """),
-    code(INSTALL),
-    code(PARAMS + '''
+    setup('''
 import tempfile
 from maskprior_jax.bench import config
 from maskprior_jax.bench.boolean import report as boolean_report, run as boolean_run
@@ -219,15 +220,15 @@ if SMOKE:
     cfg = config.apply_overrides(config.builtin_config("boolean"), [
         "--config.train.steps=100", "--config.eval.every_steps=50", "--config.eval.num_points=512",
         "--config.eval.probe_size=32", "--config.qk.fit_steps=20"])
-    TASKS, SEEDS, WORKDIR = ["f2_2parity"], [0], tempfile.mkdtemp()
+    TASKS, SEEDS, WORKDIR, PICKED = ["f2_2parity"], [0], tempfile.mkdtemp(), "smoke (CI)"
 elif ACCELERATOR:
     cfg = config.builtin_config("boolean_paper")       # GOTU's size: dim 256, depth 12, 6 heads
     TASKS, SEEDS, WORKDIR = list(boolean.TASKS), list(range(5)), "runs/boolean_paper_notebook"
-else:    # the CLI headline's model, 2 seeds; the stored outputs: 761 s on 2 CPU cores, run with the earlier
-         # default (1,500 steps, f3 at n = 15, frozen-coordinate at n = 18)
+    PICKED = "boolean_paper (accelerator)"
+else:    # the CLI headline's model and budget, 2 seeds
     cfg = config.builtin_config("boolean")
-    TASKS, SEEDS, WORKDIR = list(boolean.TASKS), [0, 1], "runs/boolean_notebook"
-print("tasks:", TASKS, "| seeds:", SEEDS, "| model:", dict(cfg.model), "| steps:", cfg.train.steps)'''),
+    TASKS, SEEDS, WORKDIR, PICKED = list(boolean.TASKS), [0, 1], "runs/boolean_notebook", "boolean (CPU default)"''',
+          'PICKED, "| tasks:", TASKS, "| seeds:", SEEDS, "| model:", dict(cfg.model), "| steps:", cfg.train.steps'),
     md("""
 ## Run
 Each task trains the four methods with the same model and budget, all seeds of a method in one
@@ -275,9 +276,8 @@ A small Transformer written here, outside the library, with Flax's own attention
 `maskprior_jax.MaskPriorAttention` with a locality prior, train it with the mask frozen and
 with its own learning rate, and checkpoint it with orbax.
 """),
-    code(INSTALL),
-    code(PARAMS + '''
-STEPS = 40 if SMOKE else 800'''),
+    setup('''
+STEPS = 40 if SMOKE else 800''', '"smoke (CI)" if SMOKE else "default", "|", STEPS, "steps"'),
     md("""
 ## A model of your own
 A plain pre-LN encoder whose attention class is a field, so any attention module with Flax's
@@ -429,9 +429,8 @@ that ship with scikit-learn. **The outputs stored in this notebook come from a C
 Colab, so they show the embedded digits, not MNIST.** The LM reads Python's own help topics
 (`pydoc_data`), shipped with CPython.
 """),
-    code(INSTALL),
-    code(PARAMS + '''
-import sys, tempfile
+    setup('''
+import tempfile
 from maskprior_jax.bench import config, supervised_report
 from maskprior_jax.bench.language import run as language_run
 from maskprior_jax.bench.vision import run as vision_run
@@ -443,8 +442,8 @@ METHODS = ["vanilla", "mimetic", "qk", "mask"]
 SEEDS = [0] if SMOKE else [0, 1]
 steps = ["--config.train.steps=50", "--config.eval.every_steps=25", "--config.train.steps_per_call=25",
          "--config.qk.fit_steps=10"] if SMOKE else []
-WORKDIR = tempfile.mkdtemp() if SMOKE else "runs/vision_language_notebook"
-print("vision dataset:", DATASET)'''),
+WORKDIR = tempfile.mkdtemp() if SMOKE else "runs/vision_language_notebook"''',
+          '"smoke (CI)" if SMOKE else "default", "| vision dataset:", DATASET, "| seeds:", SEEDS'),
     md("""
 ## Vision data
 On Colab, TFDS downloads MNIST once and writes it as array_record files, which the benchmark
