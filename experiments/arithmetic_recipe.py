@@ -47,7 +47,7 @@ def main():
   cells, rows = {}, []
   for lr, wd in _grid(args.grid):
     work = root / f"lr{lr}_wd{wd}"
-    argv = ["arithmetic", "--workdir", str(work), "--methods", ",".join(METHODS), "--seeds", ",".join(map(str, seeds)),
+    argv = ["arithmetic", "--workdir", str(work), "--methods", ",".join(METHODS), "--seeds", ",".join(map(str, seeds)) if len(seeds) > 1 else f"{seeds[0]}-{seeds[0]}",
             "--train-sizes", ",".join(map(str, protocol.RECIPE_SIZES)), *protocol.recipe_overrides(lr, wd, steps=args.steps),
             "--config.eval.every_steps=250", "--config.checkpoint.every_steps=1000"]
     if cli.main(argv):
