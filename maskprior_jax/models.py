@@ -103,8 +103,11 @@ class Transformer(nn.Module):
     return masks
 
   @nn.compact
-  def __call__(self, inputs: jax.Array, *, padding_mask: jax.Array | None = None) -> jax.Array:
-    """inputs: (batch, len) ids or (batch, len, in_dim); padding_mask: (batch, len) bool."""
+  def __call__(self, inputs: jax.Array, *, padding_mask: jax.Array | None = None,
+               position_ids: jax.Array | None = None) -> jax.Array:
+    """inputs: (batch, len) ids or (batch, len, in_dim); padding_mask: (batch, len) bool;
+    position_ids: (batch, len) int, one id per token and example (e.g. coupled positions with a
+    random offset in training), in place of the static `position_ids` attribute."""
     if self.pos_embedding not in ("learned", "sinusoidal", "none"):
       raise ValueError(f"pos_embedding must be learned, sinusoidal or none, not {self.pos_embedding!r}")
     if self.pos_where not in ("input", "qk"):
@@ -133,6 +136,12 @@ class Transformer(nn.Module):
       ids = np.asarray(self.position_ids)
       if ids.shape != (seq,) or ids.min() < 0 or ids.max() >= self.max_len + prefix:
         raise ValueError(f"position_ids must be {seq} ids in 0..{self.max_len + prefix - 1}, got {ids.tolist()}")
+    ids = ids[None]
+    if position_ids is not None:
+      if prefix or jnp.shape(position_ids) != (batch, seq):
+        raise ValueError(f"position_ids must be (batch, len) = {(batch, seq)} ids without a CLS token, "
+                         f"got shape {jnp.shape(position_ids)}")
+      ids = jnp.asarray(position_ids)
     pos = None
     if self.pos_embedding == "learned":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len + prefix, self.dim))[ids]
@@ -141,9 +150,9 @@ class Transformer(nn.Module):
     qk_pos = None
     if pos is not None:
       if self.pos_where == "input":
-        x = x + pos[None].astype(x.dtype)
+        x = x + pos.astype(x.dtype)
       else:
-        qk_pos = pos[None].astype(x.dtype)
+        qk_pos = pos.astype(x.dtype)
 
     mask = None
     if self.causal:

@@ -11,7 +11,7 @@ unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import optax
@@ -47,33 +47,94 @@ def _scaled(lr: float | Schedule, factor: float) -> float | Schedule:
   return factor * lr
 
 
+def _key_name(k) -> str:
+  return str(getattr(k, "key", getattr(k, "name", k)))
+
+
+def weight_matrices(tree: Any) -> Any:
+  """True at the weight matrices of a Flax parameter tree (leaves named "kernel" with two or more
+  dimensions: Dense and attention projections), False at LayerNorm scales, biases, embeddings and
+  anything else: the usual mask for weight decay (`optax.adamw(mask=...)`)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: bool(path) and _key_name(path[-1]) == "kernel" and getattr(x, "ndim", 0) >= 2, tree)
+
+
+def query_key_kernels(tree: Any) -> Any:
+  """True at the attention query and key kernels (the weights a QK prior initialises)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: bool(path) and _key_name(path[-1]) == "kernel" and any(_key_name(k) in ("query", "key")
+                                                                              for k in path[:-1]), tree)
+
+
+class DecayTowardInitState(NamedTuple):
+  init: Any
+
+
+def add_decayed_weights_toward_init(weight_decay: float) -> optax.GradientTransformation:
+  """Adds `weight_decay * (params - params at init)` to the updates: decay toward the initial
+  values (kept in the state) instead of toward zero."""
+  def init_fn(params):
+    return DecayTowardInitState(init=jax.tree.map(lambda p: p, params))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("add_decayed_weights_toward_init needs the params")
+    return jax.tree.map(lambda g, p, p0: g + weight_decay * (p - p0), updates, params, state.init), state
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _decay(weight_decay: float, decay_mask, anchor_mask) -> list[optax.GradientTransformation]:
+  """Weight decay toward zero where `decay_mask` (all leaves if None) and not `anchor_mask`, and
+  toward the initial values where `anchor_mask`."""
+  if not weight_decay:
+    return []
+  if anchor_mask is None:
+    return [optax.add_decayed_weights(weight_decay, mask=decay_mask)]
+
+  def to_zero(params):
+    keep = decay_mask(params) if callable(decay_mask) else decay_mask
+    anchored = anchor_mask(params) if callable(anchor_mask) else anchor_mask
+    if keep is None:
+      return jax.tree.map(lambda a: not a, anchored)
+    return jax.tree.map(lambda k, a: bool(k) and not a, keep, anchored)
+  return [optax.add_decayed_weights(weight_decay, mask=to_zero),
+          optax.masked(add_decayed_weights_toward_init(weight_decay), anchor_mask)]
+
+
 def base_optimizer(name: str, learning_rate: float | Schedule, weight_decay: float = 0.0,
-                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
-  """"adam", "adamw" (decoupled decay) or "sgd" (decay added to the gradient)."""
-  if name == "adam" and weight_decay:
-    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate, b1, b2))
-  if name == "adam":
-    return optax.adam(learning_rate, b1, b2)
+                   b1: float = 0.9, b2: float = 0.999, *, decay_mask=None,
+                   anchor_mask=None) -> optax.GradientTransformation:
+  """"adam", "adamw" (decoupled decay) or "sgd" (decay added to the gradient). `decay_mask` (a
+  pytree of bools or a function of the params, e.g. `weight_matrices`) limits weight decay to some
+  leaves; `anchor_mask` makes those leaves decay toward their initial values instead of zero."""
+  if name == "adamw" and anchor_mask is None:
+    return optax.adamw(learning_rate, b1, b2, weight_decay=weight_decay, mask=decay_mask)
+  decay = _decay(weight_decay, decay_mask, anchor_mask)
   if name == "adamw":
-    return optax.adamw(learning_rate, b1, b2, weight_decay=weight_decay)
+    return optax.chain(optax.scale_by_adam(b1, b2), *decay, optax.scale_by_learning_rate(learning_rate))
+  if name == "adam":
+    return optax.chain(*decay, optax.adam(learning_rate, b1, b2)) if decay else optax.adam(learning_rate, b1, b2)
   if name == "sgd":
-    tx = optax.sgd(learning_rate)
-    return optax.chain(optax.add_decayed_weights(weight_decay), tx) if weight_decay else tx
+    return optax.chain(*decay, optax.sgd(learning_rate)) if decay else optax.sgd(learning_rate)
   raise ValueError(f"unknown optimizer {name!r}; use adam, adamw or sgd")
 
 
 def mask_rules(learning_rate: float | Schedule, *, name: str = "adamw", weight_decay: float = 0.0,
                b1: float = 0.9, b2: float = 0.999, mask_learning_rate: float | Schedule | None = None,
                mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
-               freeze_mask: bool = False) -> tuple[optax.GradientTransformation, optax.GradientTransformation | None]:
-  """(the weights' rule, the mask's rule or None when frozen): the base optimizer, and the same
-  rule with the mask's own learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times
-  the base, schedules included) and its own weight decay (0 by default)."""
-  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2)
+               freeze_mask: bool = False, decay_mask=None, anchor_mask=None,
+               mask_decay_to_init: bool = False) -> tuple[optax.GradientTransformation, optax.GradientTransformation | None]:
+  """(the weights' rule, the mask's rule or None when frozen): the base optimizer (weight decay
+  limited to `decay_mask`, toward the initial values at `anchor_mask`; see `base_optimizer`), and
+  the same rule with the mask's own learning rate (`mask_learning_rate`, else `mask_lr_multiplier`
+  times the base, schedules included) and its own weight decay (0 by default; toward the mask's
+  initial values if `mask_decay_to_init`)."""
+  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2, decay_mask=decay_mask, anchor_mask=anchor_mask)
   if freeze_mask:
     return params_tx, None
   mask_lr = mask_learning_rate if mask_learning_rate is not None else _scaled(learning_rate, mask_lr_multiplier)
-  return params_tx, base_optimizer(name, mask_lr, mask_weight_decay, b1, b2)
+  anchor = (lambda tree: jax.tree.map(lambda _: True, tree)) if mask_decay_to_init and mask_weight_decay else None
+  return params_tx, base_optimizer(name, mask_lr, mask_weight_decay, b1, b2, anchor_mask=anchor)
 
 
 def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw",
@@ -81,14 +142,19 @@ def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw"
                          mask_learning_rate: float | Schedule | None = None,
                          mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
                          freeze_mask: bool = False,
-                         grad_clip_norm: float | None = None) -> optax.GradientTransformation:
+                         grad_clip_norm: float | None = None, decay_mask=None, anchor_mask=None,
+                         mask_decay_to_init: bool = False) -> optax.GradientTransformation:
   """The base optimizer for "params", and for "mask_prior" the same rule with its own
   learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times the base, schedules
   included) and its own weight decay (0 by default), or frozen (see `mask_rules`); gradients
-  clipped to `grad_clip_norm` first if given. For Flax NNX models: `maskprior_jax.nnx.mask_prior_optimizer`."""
+  clipped to `grad_clip_norm` first if given. `decay_mask` limits the weights' decay (e.g.
+  `weight_matrices`), `anchor_mask` decays those leaves toward their initial values (e.g.
+  `query_key_kernels`, with `mask_decay_to_init` for the mask: one treatment for a QK prior and a
+  mask prior). For Flax NNX models: `maskprior_jax.nnx.mask_prior_optimizer`."""
   params_tx, mask_tx = mask_rules(learning_rate, name=name, weight_decay=weight_decay, b1=b1, b2=b2,
                                   mask_learning_rate=mask_learning_rate, mask_lr_multiplier=mask_lr_multiplier,
-                                  mask_weight_decay=mask_weight_decay, freeze_mask=freeze_mask)
+                                  mask_weight_decay=mask_weight_decay, freeze_mask=freeze_mask,
+                                  decay_mask=decay_mask, anchor_mask=anchor_mask, mask_decay_to_init=mask_decay_to_init)
   return clipped(with_mask_transform(params_tx, mask_tx), grad_clip_norm)
 
 

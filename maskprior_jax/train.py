@@ -67,6 +67,9 @@ def _key_data(rng):
 
 GRAD_REDUCTIONS = ("xla", "ordered")
 BATCH_SOURCES = ("host", "device")
+SCHEDULES = ("constant", "cosine")
+DECAY_ON = ("all", "matrices")
+QK_MASK_DECAY = ("legacy", "none", "init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,12 @@ class LoopSettings:
     (see `make_train_step`); batches: "host" (built by numpy) or "device" (drawn inside the step).
   optimizer, learning_rate, weight_decay, mask_lr_multiplier, freeze_mask: the optimizer
     (`optimizer()`, `maskprior_jax.optim.mask_prior_optimizer`).
+  The recipe: warmup_steps (linear from 0), schedule ("constant", or "cosine" to 0 at `steps`),
+    grad_clip_norm (global norm; 0: none), b2 (Adam's second-moment decay), decay_on ("all" leaves,
+    or "matrices": weight matrices only, not LayerNorm, biases or embeddings), qk_mask_decay: how
+    the attention query/key kernels and the mask prior decay, in every method alike: "legacy" (the
+    kernels like every other weight, the mask not at all), "none" (neither), "init" (both toward
+    their initial values). The defaults are the constant-rate optimizer of the committed runs.
   """
   steps: int
   batch_size: int
@@ -100,6 +109,12 @@ class LoopSettings:
   weight_decay: float = 0.0
   mask_lr_multiplier: float = 1.0
   freeze_mask: bool = False
+  warmup_steps: int = 0
+  schedule: str = "constant"
+  grad_clip_norm: float = 0.0
+  b2: float = 0.999
+  decay_on: str = "all"
+  qk_mask_decay: str = "legacy"
 
   def __post_init__(self):
     if self.steps_per_call <= 0:
@@ -114,20 +129,52 @@ class LoopSettings:
       raise ValueError(f"train.batches must be {' or '.join(BATCH_SOURCES)}, not {self.batches!r}")
     if self.fsdp and not self.data_parallel:
       raise ValueError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
+    for name, value, allowed in (("train.schedule", self.schedule, SCHEDULES), ("train.decay_on", self.decay_on, DECAY_ON),
+                                 ("train.qk_mask_decay", self.qk_mask_decay, QK_MASK_DECAY)):
+      if value not in allowed:
+        raise ValueError(f"{name} must be {' or '.join(allowed)}, not {value!r}")
+    if not 0 <= self.warmup_steps < self.steps:
+      raise ValueError(f"train.warmup_steps must be in [0, train.steps), got {self.warmup_steps}")
+    if self.grad_clip_norm < 0:
+      raise ValueError(f"train.grad_clip_norm must be >= 0, got {self.grad_clip_norm}")
     if self.fsdp and self.grad_reduction == "ordered":
       raise ValueError("train.grad_reduction=ordered gathers every device's gradient: not with train.fsdp=true")
 
+  def learning_rate_schedule(self, learning_rate: float | None = None):
+    """The base rate: a float when constant without warmup (the committed runs' optimizer state),
+    else an optax schedule (linear warmup from 0, then constant or cosine to 0 at `steps`)."""
+    peak = self.learning_rate if learning_rate is None else learning_rate
+    if self.schedule == "constant" and not self.warmup_steps:
+      return peak
+    if self.schedule == "cosine":
+      return optax.warmup_cosine_decay_schedule(0.0, peak, self.warmup_steps, self.steps, end_value=0.0)
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, self.warmup_steps), optax.constant_schedule(peak)],
+                                [self.warmup_steps])
+
   def optimizer(self, learning_rate: float | None = None) -> optax.GradientTransformation:
-    """The optimizer these settings name: the base rule on "params", the mask's own learning rate
-    (`mask_lr_multiplier` x) on the mask prior, or frozen (`freeze_mask`)."""
-    return optim.mask_prior_optimizer(self.learning_rate if learning_rate is None else learning_rate,
-                                      name=self.optimizer_name, weight_decay=self.weight_decay,
-                                      mask_lr_multiplier=self.mask_lr_multiplier, freeze_mask=self.freeze_mask)
+    """The optimizer these settings name: the base rule on "params" (with the recipe: schedule,
+    clipping, b2, which leaves decay and how), the mask's own learning rate (`mask_lr_multiplier` x)
+    on the mask prior, or frozen (`freeze_mask`)."""
+    matrices = optim.weight_matrices if self.decay_on == "matrices" else None
+    decay_mask, anchor_mask = matrices, None
+    if self.qk_mask_decay == "none":
+      def decay_mask(tree, matrices=matrices):
+        qk = optim.query_key_kernels(tree)
+        keep = matrices(tree) if matrices else jax.tree.map(lambda _: True, tree)
+        return jax.tree.map(lambda k, q: bool(k) and not q, keep, qk)
+    elif self.qk_mask_decay == "init":
+      anchor_mask = optim.query_key_kernels
+    return optim.mask_prior_optimizer(
+        self.learning_rate_schedule(learning_rate), name=self.optimizer_name, weight_decay=self.weight_decay,
+        b2=self.b2, mask_lr_multiplier=self.mask_lr_multiplier, freeze_mask=self.freeze_mask,
+        grad_clip_norm=self.grad_clip_norm or None, decay_mask=decay_mask, anchor_mask=anchor_mask,
+        mask_weight_decay=self.weight_decay if self.qk_mask_decay == "init" else 0.0,
+        mask_decay_to_init=self.qk_mask_decay == "init")
 
   def learning_rate_at(self, step: int) -> float:
-    """The base learning rate at a step (constant: the optimizer has no schedule)."""
-    del step
-    return float(self.learning_rate)
+    """The base learning rate at a step."""
+    lr = self.learning_rate_schedule()
+    return float(lr(step)) if callable(lr) else float(lr)
 
   def mesh(self) -> Mesh | None:
     """A mesh over all devices when data parallel (None otherwise)."""

@@ -1,5 +1,7 @@
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -113,11 +115,80 @@ def test_position_coupling_ids_equal_hand_written_ones():
   # 2 digits, answer reversed: inputs a1 a0 + b1 b0 = s0 s1 (the last answer token is only a target).
   # Operand digits of place p get id p+1, '+' 0; the row that predicts the answer digit of place p
   # ('=' predicts s0, s0 predicts s1, s1 predicts s2) gets p+1 as well.
-  assert A.ArithmeticTask("add", 2).coupling_ids() == (2, 1, 0, 2, 1, 1, 2, 3)
+  assert A.ArithmeticTask("add", 2).coupling_ids("rows") == (2, 1, 0, 2, 1, 1, 2, 3)
   # answer in the usual order: '=' predicts s2 (place 2), then s1, s0
-  assert A.ArithmeticTask("add", 2, reverse=False).coupling_ids() == (2, 1, 0, 2, 1, 3, 2, 1)
+  assert A.ArithmeticTask("add", 2, reverse=False).coupling_ids("rows") == (2, 1, 0, 2, 1, 3, 2, 1)
   with pytest.raises(A.DataError, match="addition"):
     A.ArithmeticTask("modadd").coupling_ids()
+
+
+def test_published_coupling_ids_equal_hand_written_ones():
+  """Cho et al.'s ids for 3 digits, start 1 (end = 5): inputs a2 a1 a0 + b2 b1 b0 = s0 s1 s2 (s3 is
+  only a target). Digits of place p, in both operands and the answer (on the digit's own token),
+  get 4 - p; '+' and '=' get 5; the answer's carry-out digit s3 would get 1."""
+  task = A.ArithmeticTask("add", 3)
+  assert task.coupling_ids("published") == (2, 3, 4, 5, 2, 3, 4, 5, 4, 3, 2)
+  assert task.coupling_ids("published", start=4) == (5, 6, 7, 8, 5, 6, 7, 8, 7, 6, 5)
+  # answer in the usual order: s3 s2 s1 (s0 only a target) carry places 3, 2, 1
+  assert A.ArithmeticTask("add", 3, reverse=False).coupling_ids("published") == (2, 3, 4, 5, 2, 3, 4, 5, 1, 2, 3)
+  with pytest.raises(A.DataError, match="coupling must be"):
+    task.coupling_ids("cho")
+
+
+def test_coupling_offset_is_drawn_in_training_and_absent_in_evaluation():
+  from maskprior_jax.bench.arithmetic import run as arithmetic_run
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  cfg = apply_overrides(builtin_config("arithmetic"), [
+      "--config.task.coupling=published", "--config.task.coupling_max_position=12", "--config.task.train_sizes=100",
+      "--config.task.test_size=100", "--config.task.val_size=50"])
+  bench = arithmetic_run.Arithmetic(cfg, [0])
+  task, base = bench.task, np.asarray(bench.task.coupling_ids("published"))
+  batch = bench.host_batches(bench.runs([0]))(0, [0])
+  pos = batch["pos"][0]                                            # (batch, input_len)
+  starts = pos[:, 0] - base[0] + 1
+  assert np.array_equal(pos, base[None] + starts[:, None] - 1)     # one offset per example, the pattern kept
+  assert starts.min() >= 1 and starts.max() <= 12 - 3 - 1 and len(set(starts.tolist())) > 3
+  assert pos.max() <= 12
+  # the pairs drawn do not depend on the coupling: the same x as without it
+  plain = arithmetic_run.Arithmetic(apply_overrides(cfg, ["--config.task.coupling=rows"]), [0])
+  assert "pos" not in plain.host_batches(plain.runs([0]))(0, [0])
+  np.testing.assert_array_equal(plain.host_batches(plain.runs([0]))(0, [0])["x"], batch["x"])
+  # evaluation (and greedy decoding) read the model's static ids: start 1
+  model = bench.model("coupling")
+  assert model.position_ids == task.coupling_ids("published", start=1) and model.max_len == 13
+  variables = model.init(jax.random.key(0), bench.sample_input)
+  x = jnp.asarray(bench.test_x[:4])
+  np.testing.assert_array_equal(model.apply(variables, x),
+                                model.apply(variables, x, position_ids=jnp.broadcast_to(base, x.shape)))
+  # training applies the drawn ids
+  loss = bench.loss_fn(model)
+  shifted = {**batch, "pos": jnp.asarray(batch["pos"][0]), "x": jnp.asarray(batch["x"][0]),
+             "y": jnp.asarray(batch["y"][0])}
+  fixed = {**shifted, "pos": jnp.broadcast_to(jnp.asarray(base), shifted["x"].shape)}
+  assert float(loss(variables, shifted, None)[0]) != float(loss(variables, fixed, None)[0])
+
+
+def test_validation_pairs_are_disjoint_from_test_and_training_pairs():
+  task = A.ArithmeticTask("add", 2)
+  sp = A.make_splits(task, 3000, [0, 1], test_size=2000, val_size=500)
+  key = lambda a, b: set((np.asarray(a) * task.base + np.asarray(b)).tolist())
+  val, test = key(sp.val_a, sp.val_b), key(sp.test_a, sp.test_b)
+  assert len(val) == 500 and not val & test
+  for s in (0, 1):
+    assert not key(sp.train_a[s], sp.train_b[s]) & (val | test)
+  # without a validation split, the training pairs are the first version's
+  old, new = A.make_splits(task, 3000, [0], test_size=2000), A.make_splits(task, 3000, [0], test_size=2000, val_size=0)
+  np.testing.assert_array_equal(old.train_a[0], new.train_a[0])
+
+
+def test_selection_takes_the_best_validation_step_and_its_test_score():
+  from maskprior_jax.bench.arithmetic.run import select_on_validation
+  curve = [{"step": 0, "val_exact": 0.1, "test_exact": 0.1, "train_exact": 0.2},
+           {"step": 50, "val_exact": 0.9, "test_exact": 0.8, "train_exact": 1.0},
+           {"step": 100, "val_exact": 0.9, "test_exact": 0.85, "train_exact": 1.0},
+           {"step": 150, "val_exact": 0.3, "test_exact": 0.2, "train_exact": 0.4}]
+  assert select_on_validation(curve) == {"selected_step": 50, "selected_val_exact": 0.9, "selected_exact": 0.8,
+                                         "selected_train_exact": 1.0}
 
 
 def test_carry_prior_for_three_digits_equals_a_hand_written_matrix():
@@ -172,3 +243,19 @@ def test_carry_counts_by_hand():
   b = np.array([1, 456, 5, 5, 500, 0])
   assert t.carries(a, b).tolist() == [3, 0, 1, 2, 1, 0]
   assert ArithmeticTask("modadd").carries(a, b) is None
+
+
+def test_recipe_rule_treats_every_method_alike_and_needs_fitted_runs():
+  from maskprior_jax.bench.arithmetic import protocol
+  def runs(val, fit=1.0, n=10):
+    return [{"method": m, "train_size": 250, "selected_val_exact": v, "final_train_exact": fit}
+            for m, v in zip(("vanilla", "mask"), val) for _ in range(n // 2)]
+  cells = {(1e-3, 0.1): runs((0.5, 0.9)),                 # mean 0.7
+           (2e-3, 0.1): runs((0.8, 0.8)),                 # mean 0.8: the best
+           (5e-4, 1.0): runs((1.0, 1.0), fit=0.5)}        # best scores but half the runs collapse
+  assert protocol.select_recipe(cells)[0] == (2e-3, 0.1)
+  cells[(1e-3, 1.0)] = runs((0.798, 0.8))                 # within the tie margin: the smaller lr wins
+  assert protocol.select_recipe(cells)[0] == (1e-3, 1.0)
+  assert protocol.select_recipe({(1e-3, 0.1): runs((1, 1), fit=0.0)})[1].startswith("no setting")
+  overrides = protocol.recipe_overrides(1e-3, 1.0)
+  assert "--config.train.schedule=cosine" in overrides and "--config.train.warmup_steps=300" in overrides

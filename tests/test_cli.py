@@ -186,3 +186,10 @@ def test_attribution_controls_run_and_report(tmp_path, capsys):
   assert cli.main(["report", str(work)]) == 0
   out = capsys.readouterr().out
   assert "Attribution" in out and "structure (mask_shuffled → mask)" in out and "| qk_nopos |" in out
+
+
+def test_many_seeds_get_a_short_folder_name():
+  from maskprior_jax.bench.results import seeds_dir
+  assert seeds_dir([0, 1]) == "seeds_0_1"
+  long = seeds_dir(list(range(100)))
+  assert long.startswith("seeds_0-99_n100_") and len(long) < 40 and long != seeds_dir(list(range(1, 101)))

@@ -128,3 +128,18 @@ def test_digits_and_pydoc_short_runs(tmp_path):
     van = next(r for r in res["runs"] if r["method"] == "vanilla")
     # the fitted QK initialization starts closer to the prior's pattern than vanilla does
     assert np.mean(qk["persistence"][0]["attn_tv"]) < np.mean(van["persistence"][0]["attn_tv"])
+
+
+def test_controls_zero_bias_learns_and_alibi_stays_fixed(tmp_path):
+  """bias_zero: the mask model's bias, initialised at zero, trains; alibi: the prior's slopes as a
+  fixed bias, bit for bit unchanged by training. Controls run only when named."""
+  from maskprior_jax.bench.language import run as language_run
+  work = tmp_path / "language"
+  assert cli.main(["language", "--methods", "bias_zero,alibi", "--seeds", "1", "--workdir", str(work), *SHORT]) == 0
+  res = json.loads((work / "results.json").read_text())
+  drift = {r["method"]: [p["mask_drift"] for p in r["persistence"]] for r in res["runs"]}
+  assert drift["alibi"][0] == 0 and all(d == 0 for d in drift["alibi"])
+  assert drift["bias_zero"][-1] > 0
+  assert cli.main(["vision", "--methods", "alibi", "--workdir", str(tmp_path / "v")]) == 2   # language only
+  assert language_run.COMMAND.default_methods == ("vanilla", "mimetic", "qk", "mask")
+  assert "alibi" in language_run.COMMAND.methods

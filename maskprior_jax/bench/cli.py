@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=command.help, description=command.description, epilog=CONFIG_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     command.add_arguments(p)
-    methods = ",".join(command.methods)
-    p.add_argument("--methods", default=methods,
-                   help=f"comma-separated, from {methods.replace(',', ', ')} (default: %(default)s)")
+    methods = ", ".join(command.methods)
+    p.add_argument("--methods", default=",".join(command.default_methods or command.methods),
+                   help=f"comma-separated, from {methods} (default: %(default)s)")
     p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a "
                    "list A,B,C (default: %(default)s)")
     p.add_argument("--workdir", default=f"runs/{name}", help="run folder; a rerun continues there (default: %(default)s)")

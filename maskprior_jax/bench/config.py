@@ -104,7 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
   """Every key the training loop and the method baselines read, declared once; each benchmark's
   config starts from this and changes values (and adds its own task, data, model and prior keys).
 
-  train: steps, batch size, optimizer ("adam", "adamw" or "sgd"), steps per compiled call;
+  train: steps, batch size, optimizer ("adam", "adamw" or "sgd"), steps per compiled call; the
+    recipe (warmup_steps, schedule, grad_clip_norm, b2, decay_on, qk_mask_decay: see
+    `train.LoopSettings`; the defaults are a constant rate, no clipping, decay on every weight);
     data_parallel splits every run's batch over all devices (a mesh over jax.devices()); fsdp also
     shards large weights and optimizer state over them (with data_parallel); batches: "host"
     (built by numpy) or "device" (drawn inside the compiled step from the training set held on the
@@ -119,7 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
   """
   c = ml_collections.ConfigDict()
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
-                 steps_per_call=50, data_parallel=False, fsdp=False, batches="host", grad_reduction="xla")
+                 steps_per_call=50, data_parallel=False, fsdp=False, batches="host", grad_reduction="xla",
+                 warmup_steps=0, schedule="constant", grad_clip_norm=0.0, b2=0.999, decay_on="all",
+                 qk_mask_decay="legacy")
   c.eval = dict(every_steps=250, probe_size=64)
   c.checkpoint = dict(every_steps=500, max_to_keep=2)
   c.prior = dict(mode="learned", mask_lr_multiplier=1.0)
@@ -142,7 +146,8 @@ def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = 
         data_parallel=t.data_parallel, fsdp=t.fsdp, grad_reduction=t.grad_reduction, batches=t.batches,
         optimizer_name=t.optimizer, learning_rate=t.learning_rate if learning_rate is None else learning_rate,
         weight_decay=t.weight_decay, mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
-        freeze_mask=cfg.prior.mode == "frozen")
+        freeze_mask=cfg.prior.mode == "frozen", warmup_steps=t.warmup_steps, schedule=t.schedule,
+        grad_clip_norm=t.grad_clip_norm, b2=t.b2, decay_on=t.decay_on, qk_mask_decay=t.qk_mask_decay)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

@@ -168,8 +168,13 @@ def seeds_to_run(results: dict, method: str, seeds: Sequence[int]) -> list[int]:
 
 
 def seeds_dir(seeds: Sequence[int]) -> str:
-  """A folder name for one batch of seeds (checkpoints, TensorBoard)."""
-  return "seeds_" + "_".join(str(s) for s in seeds)
+  """A folder name for one batch of seeds (checkpoints, TensorBoard): the seeds themselves, or for
+  more than 16 the range, count and a digest of the list (a file name has at most 255 bytes)."""
+  if len(seeds) <= 16:
+    return "seeds_" + "_".join(str(s) for s in seeds)
+  import hashlib
+  digest = hashlib.sha256(",".join(map(str, seeds)).encode()).hexdigest()[:8]
+  return f"seeds_{min(seeds)}-{max(seeds)}_n{len(seeds)}_{digest}"
 
 
 def environment() -> dict:

@@ -81,6 +81,12 @@ class Benchmark:
     del method
     return self.probe
 
+  def settings_for(self, method: str) -> train.LoopSettings:
+    """The loop settings a method trains with (default: `settings`; e.g. a fixed-bias control
+    freezes its mask)."""
+    del method
+    return self.settings
+
   def init_method(self, method: str) -> str:
     """Which of METHODS' initialisations a method's runs get (`initial_variables`); a benchmark
     with control methods maps them here."""
@@ -122,7 +128,7 @@ class Benchmark:
 @dataclasses.dataclass(frozen=True)
 class Command:
   """A benchmark's `maskprior` subcommand (see `bench.cli`): its name and help, the methods it
-  compares, `add_arguments(parser)` for its own flags, `prepare(args, cfg, methods) -> (record,
+  can compare (`methods`; `default_methods` run without --methods, all of them if None), `add_arguments(parser)` for its own flags, `prepare(args, cfg, methods) -> (record,
   context)` (every check, before anything is written; `record` identifies the run folder's
   command and config), and `run(cfg, context, methods, seeds, workdir) -> text` to print."""
   name: str
@@ -133,6 +139,7 @@ class Command:
   run: Callable
   default_seeds: str = "3"
   description: str | None = None
+  default_methods: tuple[str, ...] | None = None
 
 
 def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
@@ -191,7 +198,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   """Train one method's runs in one vmapped program, with the persistence measurements; every
   evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
   Returns (final stacked state on the host, eval history, per-run init info)."""
-  settings = bench.settings
+  settings = bench.settings_for(method)
   inits = [initial_variables(method, model, bench, r.seed) for r in runs]
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
   mesh = settings.mesh()

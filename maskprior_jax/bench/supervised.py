@@ -33,6 +33,9 @@ from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
 METHODS = runner.METHODS
+# Controls (run with --methods): bias_zero, the mask model's learnable bias initialised at zero (the
+# bias without the prior); alibi (language), the prior's ALiBi slopes as a fixed bias (frozen).
+CONTROLS = {"vision": ("bias_zero",), "language": ("bias_zero", "alibi")}
 
 
 @dataclasses.dataclass
@@ -87,8 +90,13 @@ def validate_common(cfg: ml_collections.ConfigDict, choices: dict, positive: lis
 
 def build_model(pb: Problem, cfg, method: str) -> Transformer:
   m = cfg.model
+  mask = None
+  if method in ("mask", "alibi"):
+    mask = pb.mask
+  elif method == "bias_zero":
+    mask = dataclasses.replace(pb.mask, init=jax.nn.initializers.zeros)
   return Transformer(dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim,
-                     pos_embedding=m.pos_embedding, mask=pb.mask if method == "mask" else None,
+                     pos_embedding=m.pos_embedding, mask=mask,
                      attention_implementation=m.attention, **pb.model_kwargs)
 
 
@@ -125,6 +133,9 @@ class Supervised(runner.Benchmark):
 
   def model(self, method: str):
     return build_model(self.pb, self.cfg, method)
+
+  def settings_for(self, method: str):
+    return dataclasses.replace(self.settings, freeze_mask=True) if method == "alibi" else self.settings
 
   def loss_fn(self, model):
     def loss_fn(v, batch, rng):
@@ -231,6 +242,6 @@ def entry_points(kind: str, help: str, dataset_help: str, load_problem, validate
 
   def run_command(cfg, problem, methods, seeds, workdir) -> str:
     return report.table(run(cfg, problem, methods, seeds, workdir))
-  command = runner.Command(name=kind, help=help, methods=METHODS, add_arguments=add_arguments, prepare=prepare,
-                           run=run_command)
+  command = runner.Command(name=kind, help=help, methods=METHODS + CONTROLS[kind], default_methods=METHODS,
+                           add_arguments=add_arguments, prepare=prepare, run=run_command)
   return run_from_config, command

@@ -31,6 +31,7 @@ from maskprior_jax.models import Transformer
 
 # The shared four, and position coupling (Cho et al., 2024) alone and with the mask prior.
 METHODS = runner.METHODS + ("coupling", "mask_coupling")
+COUPLED = ("coupling", "mask_coupling")
 
 
 def task_from_config(cfg) -> arithmetic.ArithmeticTask:
@@ -43,16 +44,24 @@ def task_from_config(cfg) -> arithmetic.ArithmeticTask:
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
   check(cfg, choices={"task.name": arithmetic.TASKS, "prior.kind": ("window", "carry"),
-                      "model.pos_embedding": ("learned", "sinusoidal", "none")},
+                      "model.pos_embedding": ("learned", "sinusoidal", "none"),
+                      "task.coupling": arithmetic.COUPLINGS},
         positive=["model.dim", "model.depth", "model.num_heads", "model.head_dim", "model.mlp_dim",
                   "eval.train_eval_size", "task.test_size"])
   task = task_from_config(cfg)
   sizes = cfg.task.train_sizes
   if not sizes or any(not isinstance(s, int) or s <= 0 for s in sizes):
     raise ConfigError(f"task.train_sizes must be positive integers, got {sizes!r}")
-  if max(sizes) + cfg.task.test_size > task.base ** 2:
+  if cfg.task.val_size < 0:
+    raise ConfigError(f"task.val_size must be >= 0, got {cfg.task.val_size}")
+  if max(sizes) + cfg.task.test_size + cfg.task.val_size > task.base ** 2:
     raise ConfigError(f"{task.name} has {task.base ** 2} distinct pairs: training size {max(sizes)} "
-                      f"plus test size {cfg.task.test_size} do not fit")
+                      f"plus test size {cfg.task.test_size} and validation size {cfg.task.val_size} do not fit")
+  if task.name == "add" and cfg.task.coupling == "published":
+    try:
+      task.coupling_offsets(cfg.task.coupling_max_position)
+    except arithmetic.DataError as e:
+      raise ConfigError(f"task.coupling_max_position: {e}") from None
 
 
 def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transformer:
@@ -60,9 +69,13 @@ def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transforme
   mask = None
   if method in ("mask", "mask_coupling"):
     mask = MaskSettings(priors.from_matrix(prior_pattern(task, cfg)))
-  coupled = task.coupling_ids() if method in ("coupling", "mask_coupling") else None
+  coupled, max_len = None, task.input_len
+  if method in COUPLED:   # the evaluation ids (start 1); training passes offset ids per example
+    coupled = task.coupling_ids(cfg.task.coupling)
+    if cfg.task.coupling == "published":
+      max_len = max(max_len, cfg.task.coupling_max_position + 1)
   return Transformer(vocab_size=task.vocab_size, dim=m.dim, depth=m.depth, num_heads=m.num_heads,
-                     head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=task.input_len, causal=True,
+                     head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=max_len, causal=True,
                      pos_embedding=m.pos_embedding, pooling="none", head="lm",
                      num_outputs=task.vocab_size, mask=mask, position_ids=coupled,
                      attention_implementation=m.attention)
@@ -72,6 +85,16 @@ def prior_pattern(task: arithmetic.ArithmeticTask, cfg) -> np.ndarray:
   """The config's prior (prior.kind "window" or "carry"); structure only, never operand values."""
   p = cfg.prior
   return task.prior_pattern(inside=p.inside, outside=p.outside, kind=p.kind, decay=p.carry_decay)
+
+
+def select_on_validation(curve: Sequence[dict]) -> dict:
+  """The rule every method is scored by: the evaluation step with the highest validation exact
+  match (the earliest of ties), and the test and training exact match there (teacher-forced exact
+  match equals greedy exact match: an answer is all right under one iff under the other)."""
+  best = max(range(len(curve)), key=lambda t: (curve[t]["val_exact"], -t))
+  h = curve[best]
+  return {"selected_step": int(h["step"]), "selected_val_exact": float(h["val_exact"]),
+          "selected_exact": float(h["test_exact"]), "selected_train_exact": float(h["train_exact"])}
 
 
 def greedy_answers(model, variables, inputs: np.ndarray, task) -> jax.Array:
@@ -99,8 +122,12 @@ class Arithmetic(runner.Benchmark):
     self.name = task.name
     self.sizes = sorted(cfg.task.train_sizes)
     splits = arithmetic.make_splits(task, max(self.sizes), seeds, test_size=cfg.task.test_size,
-                                    data_seed=cfg.task.data_seed)
+                                    data_seed=cfg.task.data_seed, val_size=cfg.task.val_size)
     self.test_x, self.test_y = task.encode(splits.test_a, splits.test_b)
+    self.val_x, self.val_y = task.encode(splits.val_a, splits.val_b)
+    # Published position coupling draws a starting id per training example (Cho et al.).
+    self.offsets = (task.coupling_offsets(cfg.task.coupling_max_position)
+                    if task.name == "add" and cfg.task.coupling == "published" else 0)
     self.carries = task.carries(splits.test_a, splits.test_b)   # the mechanism: where do errors fall?
     self.rows = task.answer_rows
     self.train_xy = {s: task.encode(splits.train_a[s], splits.train_b[s]) for s in seeds}
@@ -131,15 +158,20 @@ class Arithmetic(runner.Benchmark):
 
   def host_batches(self, runs):
     bs, train_xy, sizes = self.settings.batch_size, self.train_xy, [r.label for r in runs]
+    task, offsets = self.task, self.offsets
 
     def batch_fn(step, run_ids, part=(0, 1)):   # part: share of the rows (see train_seeds)
-      xs, ys = [], []
+      xs, ys, pos = [], [], []
       for r in run_ids:
         n, s = sizes[r]
         idx = take_part(np.random.default_rng([s, n, step]).integers(0, n, bs), part)
         xs.append(train_xy[s][0][idx])
         ys.append(train_xy[s][1][idx])
-      return {"x": np.stack(xs), "y": np.stack(ys)}
+        if offsets:   # its own stream: the pairs drawn are those without coupling
+          pos.append(take_part(task.coupled_positions(np.random.default_rng([s, n, step, 1]).integers(
+              1, offsets + 1, bs)), part))
+      batch = {"x": np.stack(xs), "y": np.stack(ys)}
+      return {**batch, "pos": np.stack(pos)} if offsets else batch
     return batch_fn
 
   def device_batches(self, runs):
@@ -149,33 +181,42 @@ class Arithmetic(runner.Benchmark):
     table_y = np.stack([self.train_xy[r.seed][1][:biggest] for r in runs])
     run_n = np.asarray([r.label[0] for r in runs], np.int32)
     run_seed = np.asarray([r.seed for r in runs], np.int32)
+    offsets, base = self.offsets, jnp.asarray(self.task.coupled_positions(np.ones(1))[0])
 
     def device_batch_fn(step, r):
       key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(0), jnp.asarray(run_seed)[r]),
                                                   jnp.asarray(run_n)[r]), step)
       idx = jax.random.randint(key, (bs,), 0, jnp.asarray(run_n)[r])
-      return {"x": jnp.asarray(table_x)[r][idx], "y": jnp.asarray(table_y)[r][idx]}
+      batch = {"x": jnp.asarray(table_x)[r][idx], "y": jnp.asarray(table_y)[r][idx]}
+      if offsets:
+        starts = jax.random.randint(jax.random.fold_in(key, 1), (bs,), 1, offsets + 1)
+        batch["pos"] = (base[None] + starts[:, None] - 1).astype(jnp.int32)
+      return batch
     return device_batch_fn
 
   def loss_fn(self, model):
     rows = self.rows
+    offset = bool(self.offsets) and model.position_ids is not None   # published coupling: ids per example
 
     def loss_fn(v, batch, rng):
       del rng
-      logits = model.apply(v, batch["x"])[:, rows]
+      logits = model.apply(v, batch["x"], position_ids=batch["pos"] if offset else None)[:, rows]
       return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"][:, rows]).mean(), {}
     return loss_fn
 
   def eval_metrics(self, model):
-    rows, test_x, test_y = self.rows, self.test_x, self.test_y
+    rows, test_x, test_y, val_x, val_y = self.rows, self.test_x, self.test_y, self.val_x, self.val_y
 
     def metrics_fn(v, data):
       right_tr = jnp.argmax(model.apply(v, data["x"])[:, rows], -1) == data["y"][:, rows]
       logits = model.apply(v, test_x)[:, rows]
       right = jnp.argmax(logits, -1) == test_y[:, rows]
-      return {"train_exact": right_tr.all(-1).mean(), "test_exact": right.all(-1).mean(),
-              "test_token_accuracy": right.mean(),
-              "test_loss": optax.softmax_cross_entropy_with_integer_labels(logits, test_y[:, rows]).mean()}
+      out = {"train_exact": right_tr.all(-1).mean(), "test_exact": right.all(-1).mean(),
+             "test_token_accuracy": right.mean(),
+             "test_loss": optax.softmax_cross_entropy_with_integer_labels(logits, test_y[:, rows]).mean()}
+      if len(val_x):
+        out["val_exact"] = (jnp.argmax(model.apply(v, val_x)[:, rows], -1) == val_y[:, rows]).all(-1).mean()
+      return out
     return metrics_fn
 
   def final_metrics(self, model, variables, runs, history):
@@ -185,11 +226,14 @@ class Arithmetic(runner.Benchmark):
     carries, out = self.carries, []
     for i, r in enumerate(runs):
       n = r.label[0]
-      curve = results_lib.per_run(history, i, ["train_exact"])
+      keys = ["train_exact", "test_exact"] + (["val_exact"] if len(self.val_x) else [])
+      curve = results_lib.per_run(history, i, keys)
       reached = [h["step"] for h in curve if h["train_exact"] >= 0.99]
       metrics = {"train_size": int(n), "exact_match": float(right[i].all(-1).mean()),
                  "digit_accuracy": float(right[i].mean()), "steps_to_99_train": reached[0] if reached else None,
                  "final_train_exact": curve[-1]["train_exact"]}
+      if len(self.val_x):
+        metrics.update(select_on_validation(curve))
       if carries is not None:   # exact match on the test pairs with c carries, c = 0..digits
         metrics["exact_by_carries"] = [float(right[i].all(-1)[carries == c].mean()) if np.any(carries == c)
                                        else None for c in range(self.task.digits + 1)]

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 TASKS = ("add", "modadd")
+COUPLINGS = ("published", "rows")
 
 
 class DataError(ValueError):
@@ -139,18 +140,46 @@ class ArithmeticTask:
         m[row, [self.operand_position(0, p), self.operand_position(1, p)]] = logit
     return m
 
-  def coupling_ids(self) -> tuple[int, ...]:
-    """Position coupling (Cho et al., 2024): one position id per input token such that the operand
-    digits of place p and the row that predicts the answer digit of place p share id p + 1; '+'
-    gets 0. Addition only."""
+  def coupling_ids(self, variant: str = "published", start: int = 1) -> tuple[int, ...]:
+    """Position coupling: one position id per input token, shared by tokens of equal significance.
+
+    "published" (Cho et al., 2024, as in their code): with end = start + digits + 1, the operand
+    digits of place p and the answer digit of place p (on its own token) get id end - 1 - p, the
+    answer's top place (the carry out) gets `start`, and '+' and '=' both get `end` (each
+    operand's id range runs one past its last digit). Training draws `start` at random per example
+    (`coupling_offsets`); evaluation uses start = 1.
+    "rows" (this benchmark's first version): the operand digits of place p and the row that
+    predicts the answer digit of place p share id p + 1, '+' gets 0, no offset. Addition only."""
     if self.name != "add":
       raise DataError("position coupling is defined for addition (--task add)")
-    ids = np.zeros(self.input_len, np.int64)
-    for p in range(self.digits):
-      ids[self.operand_position(0, p)] = ids[self.operand_position(1, p)] = p + 1
-    for k, row in enumerate(self.answer_rows):
-      ids[row] = self.answer_place(k) + 1
+    if variant not in COUPLINGS:
+      raise DataError(f"coupling must be {' or '.join(COUPLINGS)}, not {variant!r}")
+    d, ids = self.digits, np.zeros(self.input_len, np.int64)
+    if variant == "rows":
+      for p in range(d):
+        ids[self.operand_position(0, p)] = ids[self.operand_position(1, p)] = p + 1
+      for k, row in enumerate(self.answer_rows):
+        ids[row] = self.answer_place(k) + 1
+      return tuple(int(i) for i in ids)
+    end = start + d + 1
+    for p in range(d):
+      ids[self.operand_position(0, p)] = ids[self.operand_position(1, p)] = end - 1 - p
+    ids[d] = ids[2 * d + 1] = end                      # '+' and '='
+    for k in range(self.answer_len - 1):               # answer tokens in the input (all but the last)
+      ids[2 * d + 2 + k] = end - 1 - self.answer_place(k)
     return tuple(int(i) for i in ids)
+
+  def coupling_offsets(self, max_position: int) -> int:
+    """How many starting ids training draws from (start = 1 .. this), so that every id stays
+    within 1..max_position (Cho et al.: max_position >= digits + 2)."""
+    if max_position < self.digits + 2:
+      raise DataError(f"coupling max_position must be at least digits + 2 = {self.digits + 2}, not {max_position}")
+    return max_position - self.digits - 1
+
+  def coupled_positions(self, starts: np.ndarray) -> np.ndarray:
+    """(N, input_len) published coupling ids for per-example starting ids `starts` (N,)."""
+    base = np.asarray(self.coupling_ids("published", start=1), np.int64)
+    return (base[None] + (np.asarray(starts, np.int64)[:, None] - 1)).astype(np.int32)
 
 
 def _unique_in_order(keys: np.ndarray) -> np.ndarray:
@@ -176,22 +205,31 @@ def _draw_keys(total: int, count: int, rng: np.random.Generator, exclude: np.nda
 
 @dataclasses.dataclass
 class Splits:
-  """test_a/test_b: (T,) the shared test set; train_a/train_b: seed -> (max train size,)
-  in order, so the training set of size N for a seed is its first N pairs (nested sets)."""
+  """test_a/test_b: (T,) the shared test set; val_a/val_b: (V,) the validation set (drawn like
+  the training pairs, disjoint from the test set and from every training set); train_a/train_b:
+  seed -> (max train size,) in order, so the training set of size N for a seed is its first N
+  pairs (nested sets)."""
   test_a: np.ndarray
   test_b: np.ndarray
   train_a: dict
   train_b: dict
+  val_a: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+  val_b: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def make_splits(task: ArithmeticTask, max_train: int, seeds: Sequence[int], *, test_size: int,
-                data_seed: int = 0) -> Splits:
-  """Deterministic splits: the test set from `data_seed`, each seed's training pairs from
-  (data_seed, seed), never overlapping the test set (pairs (a, b) are distinct examples)."""
+                data_seed: int = 0, val_size: int = 0) -> Splits:
+  """Deterministic splits: the test set from `data_seed`, the validation set (if `val_size`)
+  from (data_seed, 2^20 + 1), each seed's training pairs from (data_seed, seed), never
+  overlapping the test or validation set (pairs (a, b) are distinct examples). With val_size 0
+  the training pairs are those of the benchmark's first version."""
   total = task.base ** 2
   test = _draw_keys(total, test_size, np.random.default_rng([data_seed, 1 << 20]), np.zeros(0, np.int64))
+  val = _draw_keys(total, val_size, np.random.default_rng([data_seed, (1 << 20) + 1]), test) if val_size \
+      else np.zeros(0, np.int64)
+  held_out = np.concatenate([test, val])
   train_a, train_b = {}, {}
   for s in seeds:
-    keys = _draw_keys(total, max_train, np.random.default_rng([data_seed, int(s)]), test)
+    keys = _draw_keys(total, max_train, np.random.default_rng([data_seed, int(s)]), held_out)
     train_a[s], train_b[s] = keys // task.base, keys % task.base
-  return Splits(test // task.base, test % task.base, train_a, train_b)
+  return Splits(test // task.base, test % task.base, train_a, train_b, val // task.base, val % task.base)

@@ -364,5 +364,6 @@ def run_command(cfg, tasks, methods, seeds, workdir) -> str:
 
 
 COMMAND = runner.Command(name="boolean", help="Boolean extrapolation (GOTU) benchmark", methods=METHODS,
+                         default_methods=runner.METHODS,
                          default_seeds="0-4", add_arguments=add_arguments, prepare=prepare, run=run_command,
                          description="Without --task or --target: the headline, all five tasks.")

@@ -21,8 +21,13 @@ def get_config() -> ml_collections.ConfigDict:
   # add: D-digit operands, answer least significant digit first (reverse=True) or not.
   # modadd: (a + b) mod modulus. Test pairs never appear in a training set; each seed's
   # training sets are nested (the first N of its pairs).
+  # val_size: validation pairs drawn like the training pairs (disjoint from test and training sets);
+  # when > 0 every run is also scored at its best validation step (`run.select_on_validation`).
+  # coupling: "published" (Cho et al.'s ids, a random starting id per training example, drawn from
+  # 1..coupling_max_position - digits - 1; start 1 at evaluation) or "rows" (the first version's).
+  # The values below reproduce the committed confirmation run (no validation split, "rows").
   c.task = dict(name="add", digits=3, modulus=97, reverse=True, train_sizes=(250, 500),
-                test_size=2000, data_seed=0)
+                test_size=2000, data_seed=0, val_size=0, coupling="rows", coupling_max_position=20)
   # A causal decoder (next-token prediction, loss on the answer tokens only).
   c.model.update(dim=64, depth=2, num_heads=4, head_dim=16, mlp_dim=256, pos_embedding="learned")
   # The prior: the rows that predict answer digits attend to their operand columns (logit
