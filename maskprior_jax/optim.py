@@ -11,6 +11,7 @@ unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -119,21 +120,34 @@ def base_optimizer(name: str, learning_rate: float | Schedule, weight_decay: flo
   raise ValueError(f"unknown optimizer {name!r}; use adam, adamw or sgd")
 
 
+@dataclasses.dataclass(frozen=True)
+class DecayRule:
+  """Which leaves weight decay reaches and how. decay_mask: the weights' leaves that decay (a pytree
+  of bools or a function of the params, e.g. `weight_matrices`; None: all); anchor_mask: leaves that
+  decay toward their initial values instead of zero (e.g. `query_key_kernels`); mask_to_init: the
+  mask prior's own decay (`mask_weight_decay`) pulls toward its initial values. Anchoring a QK
+  prior's kernels and the mask alike gives both priors one treatment."""
+  decay_mask: Any = None
+  anchor_mask: Any = None
+  mask_to_init: bool = False
+
+
 def mask_rules(learning_rate: float | Schedule, *, name: str = "adamw", weight_decay: float = 0.0,
                b1: float = 0.9, b2: float = 0.999, mask_learning_rate: float | Schedule | None = None,
                mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
-               freeze_mask: bool = False, decay_mask=None, anchor_mask=None,
-               mask_decay_to_init: bool = False) -> tuple[optax.GradientTransformation, optax.GradientTransformation | None]:
+               freeze_mask: bool = False, decay: DecayRule | None = None,
+               ) -> tuple[optax.GradientTransformation, optax.GradientTransformation | None]:
   """(the weights' rule, the mask's rule or None when frozen): the base optimizer (weight decay
-  limited to `decay_mask`, toward the initial values at `anchor_mask`; see `base_optimizer`), and
-  the same rule with the mask's own learning rate (`mask_learning_rate`, else `mask_lr_multiplier`
-  times the base, schedules included) and its own weight decay (0 by default; toward the mask's
-  initial values if `mask_decay_to_init`)."""
-  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2, decay_mask=decay_mask, anchor_mask=anchor_mask)
+  where `decay` says; see `DecayRule`), and the same rule with the mask's own learning rate
+  (`mask_learning_rate`, else `mask_lr_multiplier` times the base, schedules included) and its own
+  weight decay (0 by default). `with_mask_transform(*mask_rules(...))` is the optimizer."""
+  decay = decay or DecayRule()
+  params_tx = base_optimizer(name, learning_rate, weight_decay, b1, b2, decay_mask=decay.decay_mask,
+                             anchor_mask=decay.anchor_mask)
   if freeze_mask:
     return params_tx, None
   mask_lr = mask_learning_rate if mask_learning_rate is not None else _scaled(learning_rate, mask_lr_multiplier)
-  anchor = (lambda tree: jax.tree.map(lambda _: True, tree)) if mask_decay_to_init and mask_weight_decay else None
+  anchor = (lambda tree: jax.tree.map(lambda _: True, tree)) if decay.mask_to_init and mask_weight_decay else None
   return params_tx, base_optimizer(name, mask_lr, mask_weight_decay, b1, b2, anchor_mask=anchor)
 
 
@@ -142,19 +156,16 @@ def mask_prior_optimizer(learning_rate: float | Schedule, *, name: str = "adamw"
                          mask_learning_rate: float | Schedule | None = None,
                          mask_lr_multiplier: float = 1.0, mask_weight_decay: float = 0.0,
                          freeze_mask: bool = False,
-                         grad_clip_norm: float | None = None, decay_mask=None, anchor_mask=None,
-                         mask_decay_to_init: bool = False) -> optax.GradientTransformation:
+                         grad_clip_norm: float | None = None) -> optax.GradientTransformation:
   """The base optimizer for "params", and for "mask_prior" the same rule with its own
   learning rate (`mask_learning_rate`, else `mask_lr_multiplier` times the base, schedules
   included) and its own weight decay (0 by default), or frozen (see `mask_rules`); gradients
-  clipped to `grad_clip_norm` first if given. `decay_mask` limits the weights' decay (e.g.
-  `weight_matrices`), `anchor_mask` decays those leaves toward their initial values (e.g.
-  `query_key_kernels`, with `mask_decay_to_init` for the mask: one treatment for a QK prior and a
-  mask prior). For Flax NNX models: `maskprior_jax.nnx.mask_prior_optimizer`."""
+  clipped to `grad_clip_norm` first if given. Decay on some leaves only, or toward the initial
+  values: `clipped(with_mask_transform(*mask_rules(..., decay=DecayRule(...))), clip)`. For Flax
+  NNX models: `maskprior_jax.nnx.mask_prior_optimizer`."""
   params_tx, mask_tx = mask_rules(learning_rate, name=name, weight_decay=weight_decay, b1=b1, b2=b2,
                                   mask_learning_rate=mask_learning_rate, mask_lr_multiplier=mask_lr_multiplier,
-                                  mask_weight_decay=mask_weight_decay, freeze_mask=freeze_mask,
-                                  decay_mask=decay_mask, anchor_mask=anchor_mask, mask_decay_to_init=mask_decay_to_init)
+                                  mask_weight_decay=mask_weight_decay, freeze_mask=freeze_mask)
   return clipped(with_mask_transform(params_tx, mask_tx), grad_clip_norm)
 
 

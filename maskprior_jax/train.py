@@ -164,12 +164,12 @@ class LoopSettings:
         return jax.tree.map(lambda k, q: bool(k) and not q, keep, qk)
     elif self.qk_mask_decay == "init":
       anchor_mask = optim.query_key_kernels
-    return optim.mask_prior_optimizer(
+    rules = optim.mask_rules(
         self.learning_rate_schedule(learning_rate), name=self.optimizer_name, weight_decay=self.weight_decay,
         b2=self.b2, mask_lr_multiplier=self.mask_lr_multiplier, freeze_mask=self.freeze_mask,
-        grad_clip_norm=self.grad_clip_norm or None, decay_mask=decay_mask, anchor_mask=anchor_mask,
         mask_weight_decay=self.weight_decay if self.qk_mask_decay == "init" else 0.0,
-        mask_decay_to_init=self.qk_mask_decay == "init")
+        decay=optim.DecayRule(decay_mask, anchor_mask, mask_to_init=self.qk_mask_decay == "init"))
+    return optim.clipped(optim.with_mask_transform(*rules), self.grad_clip_norm or None)
 
   def learning_rate_at(self, step: int) -> float:
     """The base learning rate at a step."""
