@@ -244,9 +244,17 @@ class TensorBoardLog:
           self.writer.add_scalar(f"{k}/layer_{layer}", float(value), step)
     self.writer.flush()
 
-  def close(self) -> None:
-    if self.writer is not None:
-      self.writer.close()
+  def close(self, report_errors: bool = True) -> None:
+    """Flush and close; a write error names the event folder (or is dropped when another error is
+    already being reported: `report_errors=False`)."""
+    if self.writer is None:
+      return
+    writer, self.writer = self.writer, None
+    try:
+      writer.close()
+    except OSError as e:
+      if report_errors:
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(self.logdir)) from None
 
 
 class _EpathEventFile:

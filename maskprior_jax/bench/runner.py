@@ -223,14 +223,20 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
   else:
     batches = bench.host_batches(runs)
   checkpointer = Checkpointer(workdir / "checkpoints" / where, max_to_keep=settings.max_to_keep)
+  trained = False
   try:
     state, history = train.train_seeds(
         loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
         seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=Observer(),
         label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=mesh)
+    trained = True
   finally:
-    checkpointer.close()
-    tensorboard.close()
+    closed = False
+    try:
+      checkpointer.close()
+      closed = True
+    finally:   # a failure already on its way (e.g. a full disk) is the one reported, not the events'
+      tensorboard.close(report_errors=trained and closed)
   # On the host in every process: what comes next (test metrics, digests) reads it locally.
   return distributed.host_tree(state), history, [i for _, i in inits]
 

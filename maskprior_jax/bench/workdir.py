@@ -143,13 +143,24 @@ def write_text(p: str | os.PathLike, text: str) -> None:
     faults.point("write")
     p.write_text(text)
     return
+  _write_local(p, text.encode(), lambda: faults.point("write"))
+
+
+def _write_local(p: epath.Path, data: bytes, before_rename=lambda: None) -> None:
+  """Temp file + rename; an OSError (e.g. a full disk, whose write errors carry no file name)
+  leaves no temporary file behind and names the file it was writing."""
   tmp = _tmp(p)
   try:
-    tmp.write_text(text)
-  except OSError:   # e.g. a full disk: no half-written temporary file is left behind
-    tmp.unlink(missing_ok=True)
+    with open(tmp, "wb") as f:
+      f.write(data)
+  except OSError as e:
+    pathlib_tmp = os.fspath(tmp)
+    if os.path.exists(pathlib_tmp):
+      os.unlink(pathlib_tmp)
+    if e.filename is None:
+      raise OSError(e.errno, e.strerror or str(e), os.fspath(p)) from None
     raise
-  faults.point("write")
+  before_rename()
   os.replace(tmp, p)
 
 
@@ -177,9 +188,7 @@ def write_figure(fig, p: str | os.PathLike, dpi: int = 110) -> None:
   fig.savefig(buf, format="png", dpi=dpi)
   p = path(p)
   if is_local(p):
-    tmp = _tmp(p)
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, p)
+    _write_local(p, buf.getvalue())
   else:
     p.write_bytes(buf.getvalue())
 
