@@ -17,8 +17,7 @@ import pathlib
 import numpy as np
 
 from maskprior_jax.bench.arithmetic import protocol
-from maskprior_jax.bench.args import exploration_seeds
-from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.args import script_seeds
 from maskprior_jax.bench import cli
 
 
@@ -91,10 +90,7 @@ def main():
   p.add_argument("--weight-decay", type=float, default=protocol.CURRENT_BUDGET["weight_decay"],
                  help="variants: (default: %(default)s)")
   args = p.parse_args()
-  try:
-    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  except UsageError as e:
-    raise SystemExit(str(e)) from None
+  seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
   (budget if args.part == "budget" else variants)(args, seeds, root)

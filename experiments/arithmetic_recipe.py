@@ -19,8 +19,7 @@ import numpy as np
 from maskprior_jax.bench import cli, results as results_lib
 from maskprior_jax.bench.arithmetic import protocol
 from maskprior_jax.bench.arithmetic.run import METHODS
-from maskprior_jax.bench.args import exploration_seeds
-from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.args import script_seeds
 
 
 def _grid(text: str | None) -> list[tuple[float, float]]:
@@ -39,10 +38,7 @@ def main():
   p.add_argument("--steps", type=int, default=protocol.RECIPE_STEPS)
   p.add_argument("--grid", help="lr:weight_decay pairs (default: protocol.RECIPE_GRID)")
   args = p.parse_args()
-  try:
-    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  except UsageError as e:
-    raise SystemExit(str(e)) from None
+  seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
   root = pathlib.Path(args.workdir)
   cells, rows = {}, []
   for lr, wd in _grid(args.grid):

@@ -15,11 +15,11 @@ import pathlib
 
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.args import exploration_seeds
+from maskprior_jax.bench.args import script_seeds
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.config import UsageError, apply_overrides, builtin_config
+from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
 def main():
@@ -30,10 +30,7 @@ def main():
   p.add_argument("--steps", type=int, default=2000, help="training steps (default: %(default)s)")
   p.add_argument("--tasks", default=",".join(protocol.GENERATED_TASKS), help="generated tasks (default: all)")
   args = p.parse_args()
-  try:
-    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  except UsageError as e:
-    raise SystemExit(str(e)) from None
+  seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
   tasks = args.tasks.split(",")
   unknown = [t for t in tasks if t not in protocol.GENERATED_TASKS]
   if unknown:

@@ -16,8 +16,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.args import exploration_seeds
-from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.args import script_seeds
 from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
@@ -43,10 +42,7 @@ def main():
   p.add_argument("--variants", default=",".join(protocol.VARIANTS), help="(default: all)")
   p.add_argument("--reference", default="vanilla", help="a method run once per task for reference ('' for none)")
   args = p.parse_args()
-  try:
-    seeds = exploration_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  except UsageError as e:
-    raise SystemExit(str(e)) from None
+  seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
   tasks = list(protocol.EXPLORATION_TASKS)

@@ -46,3 +46,11 @@ def exploration_seeds(text: str, confirmation_seeds) -> list[int]:
   if set(seeds) & set(confirmation_seeds):
     raise UsageError(f"exploration may not use the confirmation seeds {tuple(confirmation_seeds)}")
   return seeds
+
+
+def script_seeds(text: str, confirmation_seeds) -> list[int]:
+  """`exploration_seeds` for an experiment script's --seeds: a refused value exits with its one line."""
+  try:
+    return exploration_seeds(text, confirmation_seeds)
+  except UsageError as e:
+    raise SystemExit(str(e)) from None

@@ -154,9 +154,7 @@ def _write_local(p: epath.Path, data: bytes, before_rename=lambda: None) -> None
     with open(tmp, "wb") as f:
       f.write(data)
   except OSError as e:
-    pathlib_tmp = os.fspath(tmp)
-    if os.path.exists(pathlib_tmp):
-      os.unlink(pathlib_tmp)
+    tmp.unlink(missing_ok=True)
     if e.filename is None:
       raise OSError(e.errno, e.strerror or str(e), os.fspath(p)) from None
     raise
