@@ -131,7 +131,18 @@ def _start_processes(args) -> None:
     sys.stdout = open(os.devnull, "w")
 
 
+def _quiet_after_report() -> None:
+  """After a failed save the command's one line is its report, but orbax's writer threads may still
+  be finishing their writes; what they print while the interpreter shuts down (asyncio's "never
+  retrieved" futures, "Event loop is closed") goes to /dev/null, so the line stays the last one."""
+  import os
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+
+
 def main(argv: list[str] | None = None) -> int:
+  as_program = argv is None   # the console script or `python -m` (in-process callers keep their stderr)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
   args.overrides, args.argv = [a for a in argv if a.startswith("--config.")], argv
@@ -161,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
     print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
           file=sys.stderr)
+    if as_program:
+      _quiet_after_report()
     return 2
   except KeyboardInterrupt:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",

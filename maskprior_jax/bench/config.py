@@ -7,6 +7,7 @@ key is an error; a value is parsed to the type of the value it replaces.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import importlib.util
 import json
@@ -152,8 +153,35 @@ def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = 
     raise ConfigError(str(e)) from None
 
 
+# Config keys added after run folders had been recorded, each with the value that reproduces the
+# behaviour from before it existed. At that value a key is left out of the run record and of the
+# config digest, so a folder recorded before the key existed still resumes, takes more seeds or
+# methods, and pools in reports; at any other value it is recorded like every other key.
+LATER_KEYS = {
+    "train.warmup_steps": 0, "train.schedule": "constant", "train.grad_clip_norm": 0.0,
+    "train.b2": 0.999, "train.decay_on": "all", "train.qk_mask_decay": "legacy",
+    "task.val_size": 0, "task.coupling": "rows", "task.coupling_max_position": 20,
+}
+
+
+def as_recorded(config: ml_collections.ConfigDict | dict) -> dict:
+  """A config as run records and digests hold it: a plain dict without the `LATER_KEYS` that are at
+  their earlier behaviour's value."""
+  d = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+  for key, value in LATER_KEYS.items():
+    *parents, leaf = key.split(".")
+    node = d
+    for part in parents:
+      node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict) and leaf in node and node[leaf] == value and type(node[leaf]) is type(value):
+      del node[leaf]
+  return d
+
+
 def config_digest(config: ml_collections.ConfigDict | dict) -> str:
-  d = config.to_dict() if hasattr(config, "to_dict") else config
+  """A short digest of a config (or of a dict holding one under "cfg"), as recorded (`as_recorded`)."""
+  d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  d = {**d, "cfg": as_recorded(d["cfg"])} if "cfg" in d else as_recorded(d)
   return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

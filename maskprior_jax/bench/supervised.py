@@ -27,7 +27,7 @@ from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench import supervised_report as report
-from maskprior_jax.bench.config import config_digest, loop_settings
+from maskprior_jax.bench.config import as_recorded, config_digest, loop_settings
 from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -238,7 +238,7 @@ def entry_points(kind: str, help: str, dataset_help: str, load_problem, validate
         cfg.data.data_dir = args.data_dir
     validate(cfg)
     problem = load_problem(cfg, jax.process_index(), jax.process_count())   # data found before any write
-    return {"command": kind, "config": cfg.to_dict()}, problem
+    return {"command": kind, "config": as_recorded(cfg)}, problem
 
   def run_command(cfg, problem, methods, seeds, workdir) -> str:
     return report.table(run(cfg, problem, methods, seeds, workdir))

@@ -24,7 +24,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench.arithmetic import report
 from maskprior_jax.bench.arithmetic import tasks as arithmetic
-from maskprior_jax.bench.config import ConfigError, UsageError, check, config_digest, loop_settings
+from maskprior_jax.bench.config import ConfigError, UsageError, as_recorded, check, config_digest, loop_settings
 from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -282,7 +282,7 @@ def prepare(args, cfg, methods) -> tuple[dict, None]:
   validate(cfg)
   if cfg.task.name != "add" and {"coupling", "mask_coupling"} & set(methods):
     raise UsageError("position coupling (methods coupling, mask_coupling) is defined for --task add only")
-  return {"command": "arithmetic", "config": cfg.to_dict()}, None
+  return {"command": "arithmetic", "config": as_recorded(cfg)}, None
 
 
 def run_command(cfg, context, methods, seeds, workdir) -> str:

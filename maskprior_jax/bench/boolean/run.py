@@ -25,7 +25,7 @@ from maskprior_jax.bench import runner
 from maskprior_jax.bench.boolean import algebra, designs, mechanism, methods as boolean_methods, report
 from maskprior_jax.bench.boolean import data as boolean_data
 from maskprior_jax.bench.boolean import tasks as boolean
-from maskprior_jax.bench.config import ConfigError, UsageError, check, config_digest, loop_settings
+from maskprior_jax.bench.config import ConfigError, UsageError, as_recorded, check, config_digest, loop_settings
 from maskprior_jax.distributed import is_main_process, take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -350,7 +350,7 @@ def prepare(args, cfg, methods) -> tuple[dict, list | None]:
       raise UsageError(f"--n applies to custom tasks; {tasks[0].name} has n = {tasks[0].n}")
   else:
     tasks = None
-  record = {"command": "boolean", "config": cfg.to_dict(),
+  record = {"command": "boolean", "config": as_recorded(cfg),
             "tasks": [[t.name, t.n, t.target, t.seen] for t in tasks] if tasks else "headline"}
   return record, tasks
 
