@@ -52,8 +52,9 @@ def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, 
   out = capsys.readouterr().out
   row = "| 250 | 0.184 ± 0.22 | 0.529 ± 0.25 | 0.836 ± 0.15 | 0.692 ± 0.26 | 0.248 ± 0.13 | 0.71 ± 0.35 |"
   assert row in out and row in README.read_text()   # the README's table, rebuilt from results.json
-  assert "| mask | 3 | 0.963 ± 0.0069 | -0.8 points vs qk |" in out
-  assert "| mask | 3 | 2.02 ± 0.0078 | -2.6% vs qk |" in out
+  assert "| mask | 5 | 0.96 ± 0.01 | -0.2 points vs qk |" in out
+  assert "| mask | 5 | 2.01 ± 0.012 | -0.8% vs bias_zero |" in out
+  assert "| bias_zero | 5 | 2.026 ± 0.007 | 2.023, 2.035, 2.035, 2.018, 2.021 |" in README.read_text()
   assert (tmp_path / "arithmetic_0" / "exact_match_vs_train_size.png").exists()
 
 

@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
   except Preempted as e:
     print(f"maskprior: {e}", file=sys.stderr)
     return 143
+  except BrokenPipeError:   # the output's reader went away (`maskprior report DIR | head`): stop quietly
+    if as_program:
+      import os
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
   except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
     print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
