@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 STEPS = 200
-ARGS = ["boolean", "--task", "f2", "--methods", "vanilla,mask", "--seeds", "2", "--config.train.data_parallel=True",
+ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.data_parallel=True",
         f"--config.train.steps={STEPS}", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
         "--config.checkpoint.every_steps=50", "--config.checkpoint.max_to_keep=3",
         "--config.eval.num_points=512", "--config.eval.probe_size=32"]
@@ -119,7 +119,7 @@ def _wait_for_checkpoint(procs, ckpt, step):
 def _kill_two_after_step_100(tmp_path, reduction="xla"):
   """Start the two-process run, SIGKILL both processes once a checkpoint at step >= 100 exists."""
   procs = _two(tmp_path, _port(), reduction)
-  _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "vanilla" / "seeds_0_1", 100)
+  _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "mask" / "seeds_0_1", 100)
   for p in procs:
     p.send_signal(signal.SIGKILL)
   for p in procs:
@@ -184,7 +184,7 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
   processes, started by detection."""
   one_process = _one_process(tmp_path_factory, "ordered")
   assert one_process["environment"]["distributed"] == "single process"
-  ckpt = tmp_path / "checkpoints" / "vanilla" / "seeds_0_1"
+  ckpt = tmp_path / "checkpoints" / "mask" / "seeds_0_1"
   procs = _slurm_two(tmp_path, _slurm_job_id())
   _wait_for_checkpoint(procs, ckpt, 50)
   procs[1].send_signal(signal.SIGTERM)
