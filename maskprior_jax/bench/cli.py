@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
@@ -127,18 +128,15 @@ def _start_processes(args) -> None:
     raise ValueError("--num_processes/--process_id need --coordinator_address HOST:PORT")
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, mode=args.distributed)
   if not distributed.is_main_process():
-    import os
     sys.stdout = open(os.devnull, "w")
 
 
-def _quiet_after_report() -> None:
-  """After a failed save the command's one line is its report, but orbax's writer threads may still
-  be finishing their writes; what they print while the interpreter shuts down (asyncio's "never
-  retrieved" futures, "Event loop is closed") goes to /dev/null, so the line stays the last one."""
-  import os
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+def _to_devnull(fd: int) -> None:
+  """From here on, what is written to file descriptor `fd` goes to /dev/null. Used after the
+  command's last line: after a failed save orbax's writer threads may still be finishing and print
+  while the interpreter shuts down (asyncio's "never retrieved" futures, "Event loop is closed"), so
+  stderr goes quiet and the line stays the last one; after a closed pipe, stdout does."""
+  os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,15 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     return 143
   except BrokenPipeError:   # the output's reader went away (`maskprior report DIR | head`): stop quietly
     if as_program:
-      import os
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      _to_devnull(sys.stdout.fileno())
     return 1
   except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
     print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
           file=sys.stderr)
     if as_program:
-      _quiet_after_report()
+      sys.stdout.flush()
+      sys.stderr.flush()
+      _to_devnull(sys.stderr.fileno())
     return 2
   except KeyboardInterrupt:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
