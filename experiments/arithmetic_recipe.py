@@ -8,7 +8,8 @@ Each (learning rate, weight decay) of protocol.RECIPE_GRID trains all six method
 protocol.RECIPE_SIZES with the fixed parts of the recipe (`protocol.recipe_overrides`), in its own
 run folder (rerunning skips finished runs). Writes recipe.md: per setting, method and size, the
 validation and test exact match at the step selected on validation, the final test exact match, and
-how many runs end at >= 95% training exact match; then the rule's choice.
+how many runs end at >= 95% training exact match; then the rule's choice, also as recipe.json
+(learning_rate, weight_decay, why, settings), which `experiments/arithmetic_curve.py --recipe` reads.
 """
 import argparse
 import json
@@ -65,6 +66,10 @@ def main():
           + f"\nSelected: **lr {lr}, weight decay {wd}**. {why}.\n")
   root.mkdir(parents=True, exist_ok=True)
   (root / "recipe.md").write_text(text)
+  (root / "recipe.json").write_text(json.dumps({
+      "learning_rate": lr, "weight_decay": wd, "why": why, "seeds": list(seeds), "steps": args.steps,
+      "settings": [list(k) for k in cells],
+      "complete_grid": sorted(cells) == sorted(_grid(None)) and args.steps == protocol.RECIPE_STEPS}, indent=1))
   print(text.splitlines()[-1])
   print("fitted share per setting:", {k: float(np.mean([r["final_train_exact"] >= 0.95 for r in v]))
                                       for k, v in cells.items()})
