@@ -10,8 +10,8 @@
 It is `maskprior arithmetic` with protocol.recipe_overrides(lr, weight decay): arguments after
 `--` go to that command unchanged. With --jobs N > 1 each method trains in its own process and
 run folder (WORKDIR/parts/METHOD; one small program leaves most of a GPU idle), at most N at a
-time, and the finished folders are merged into WORKDIR (results.json, config.json, TensorBoard
-files, the report): the same results as one process, since every method's runs depend only on the
+time, and the finished folders are merged into WORKDIR (results.json, config.json, run_config.json,
+TensorBoard files, the report): the same results as one process, since every method's runs depend only on the
 config and the seeds. A rerun skips finished methods.
 """
 import argparse
@@ -59,7 +59,9 @@ def merge(parts: list[pathlib.Path], out: pathlib.Path) -> dict:
   for part in parts:
     if (part / "tensorboard").is_dir():
       shutil.copytree(part / "tensorboard", out / "tensorboard", dirs_exist_ok=True)
-  shutil.copyfile(parts[0] / "config.json", out / "config.json")
+  for name in ("config.json", "run_config.json"):   # the same in every part (one config)
+    if (parts[0] / name).exists():
+      shutil.copyfile(parts[0] / name, out / name)
   write_json(out / "results.json", merged)
   report.write_report(merged, out)
   return merged

@@ -23,7 +23,7 @@ from maskprior_jax.bench import cli
 
 def _run(workdir, methods, sizes, seeds, overrides):
   args = ["arithmetic", "--workdir", str(workdir), "--methods", ",".join(methods),
-          "--train-sizes", ",".join(map(str, sizes)), "--seeds", ",".join(map(str, seeds)), *overrides]
+          "--train-sizes", ",".join(map(str, sizes)), "--seeds", ",".join(map(str, seeds)), *protocol.SECOND_ROUND, *overrides]
   rc = cli.main(args)
   if rc:
     raise SystemExit(f"maskprior {' '.join(args)} exited with {rc}")

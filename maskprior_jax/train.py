@@ -134,7 +134,8 @@ class LoopSettings:
       if value not in allowed:
         raise ValueError(f"{name} must be {' or '.join(allowed)}, not {value!r}")
     if not 0 <= self.warmup_steps < self.steps:
-      raise ValueError(f"train.warmup_steps must be in [0, train.steps), got {self.warmup_steps}")
+      raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be in [0, train.steps) = [0, {self.steps}): "
+                       "a shorter run needs a shorter warmup (--config.train.warmup_steps=N)")
     if self.grad_clip_norm < 0:
       raise ValueError(f"train.grad_clip_norm must be >= 0, got {self.grad_clip_norm}")
     if self.fsdp and self.grad_reduction == "ordered":

@@ -82,7 +82,7 @@ def test_modadd_prior():
 def test_short_end_to_end_run(tmp_path):
   work = tmp_path / "add"
   rc = cli.main(["arithmetic", "--task", "add", "--digits", "2", "--train-sizes", "100,400", "--methods",
-                 "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=100",
+                 "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=100", "--config.train.warmup_steps=10",
                  "--config.eval.every_steps=50", "--config.task.test_size=300", "--config.qk.fit_steps=10",
                  "--config.eval.probe_size=16"])
   assert rc == 0
@@ -226,7 +226,7 @@ def test_priors_never_depend_on_the_operands(tmp_path):
 def test_coupling_methods_run_and_modadd_refuses_them(tmp_path, capsys):
   work = tmp_path / "add"
   assert cli.main(["arithmetic", "--digits", "2", "--train-sizes", "100", "--methods", "coupling,mask_coupling",
-                   "--seeds", "1", "--workdir", str(work), "--config.train.steps=50", "--config.eval.every_steps=50",
+                   "--seeds", "1", "--workdir", str(work), "--config.train.steps=50", "--config.train.warmup_steps=5", "--config.eval.every_steps=50",
                    "--config.task.test_size=200", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50",
                    "--config.prior.kind=carry"]) == 0
   res = json.loads((work / "results.json").read_text())
@@ -259,3 +259,46 @@ def test_recipe_rule_treats_every_method_alike_and_needs_fitted_runs():
   assert protocol.select_recipe({(1e-3, 0.1): runs((1, 1), fit=0.0)})[1].startswith("no setting")
   overrides = protocol.recipe_overrides(1e-3, 1.0)
   assert "--config.train.schedule=cosine" in overrides and "--config.train.warmup_steps=300" in overrides
+
+
+def _script(name):
+  import importlib.util
+  import pathlib
+  import sys
+  here = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+  sys.path.insert(0, str(here))
+  try:
+    spec = importlib.util.spec_from_file_location(name, here / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path.remove(str(here))
+  return module
+
+
+def test_methods_run_in_separate_folders_and_merged_equal_one_process(tmp_path):
+  """experiments/arithmetic_curve.py --jobs: each method in its own process and folder, merged;
+  every run's final state is bit for bit the one-process run's, and merging refuses mixed configs
+  or repeated methods."""
+  curve = _script("arithmetic_curve")
+  common = ["--digits", "2", "--train-sizes", "60,100", "--seeds", "0-1", "--config.train.steps=50",
+            "--config.train.warmup_steps=5", "--config.eval.every_steps=25", "--config.train.steps_per_call=25",
+            "--config.task.test_size=100",
+            "--config.task.val_size=40", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50"]
+  assert cli.main(["arithmetic", "--methods", "vanilla,mask_coupling", "--workdir", str(tmp_path / "one"), *common]) == 0
+  failed = curve.run_parallel([(m, tmp_path / "parts" / m, ["arithmetic", "--methods", m, *common])
+                               for m in ("vanilla", "mask_coupling")], max_jobs=2, log=lambda *a: None)
+  assert failed == []
+  merged = curve.merge([tmp_path / "parts" / "vanilla", tmp_path / "parts" / "mask_coupling"], tmp_path / "merged")
+  one = json.loads((tmp_path / "one" / "results.json").read_text())
+  key = lambda r: (r["method"], r["seed"], r["train_size"])
+  assert {key(r): r["state_sha256"] for r in merged["runs"]} == {key(r): r["state_sha256"] for r in one["runs"]}
+  assert merged["curves"] == one["curves"] and merged["config_digest"] == one["config_digest"]
+  assert json.loads((tmp_path / "merged" / "results.json").read_text())["runs"] == merged["runs"]
+  assert (tmp_path / "merged" / "table.md").exists() and (tmp_path / "merged" / "tensorboard" / "mask_coupling").is_dir()
+  with pytest.raises(curve.MergeError, match="repeats a method"):
+    curve.merge([tmp_path / "parts" / "vanilla", tmp_path / "one"], tmp_path / "bad")
+  assert cli.main(["arithmetic", "--methods", "mask", "--workdir", str(tmp_path / "other"), *common,
+                   "--config.train.learning_rate=0.001"]) == 0
+  with pytest.raises(curve.MergeError, match="another config"):
+    curve.merge([tmp_path / "parts" / "vanilla", tmp_path / "other"], tmp_path / "bad")

@@ -46,6 +46,13 @@ VARIANTS = {
 }
 
 
+# The second round's optimizer and data, which the budget and variant runs above used (the default
+# config then); `experiments/arithmetic_explore.py` passes these so that it still reproduces them.
+SECOND_ROUND = ["--config.train.learning_rate=0.001", "--config.train.warmup_steps=0", "--config.train.schedule=constant",
+                "--config.train.grad_clip_norm=0.0", "--config.train.b2=0.999", "--config.train.decay_on=all",
+                "--config.train.qk_mask_decay=legacy", "--config.task.val_size=0", "--config.task.coupling=rows"]
+
+
 def select_budget(cells: dict) -> tuple[dict, str]:
   """`cells[(method, size, steps, weight_decay)]` = per-seed test exact match. Returns (budget, why)."""
   base = CURRENT_BUDGET
