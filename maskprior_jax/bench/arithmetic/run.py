@@ -257,7 +257,7 @@ def run(cfg: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[
 def add_arguments(p) -> None:
   p.add_argument("--task", choices=("add", "modadd"), help="default: the config's (add)")
   p.add_argument("--digits", type=int, help="operand digits for add (default: the config's, 3)")
-  p.add_argument("--train-sizes", help="comma-separated training-set sizes (default: the config's, 250,500)")
+  p.add_argument("--train-sizes", help="comma-separated training-set sizes (default: the config's, 500)")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
