@@ -16,6 +16,7 @@ config and the seeds. A rerun skips finished methods.
 """
 import argparse
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -100,7 +101,9 @@ def run_parallel(jobs: list[tuple[str, pathlib.Path, list[str]]], max_jobs: int,
       part.mkdir(parents=True, exist_ok=True)
       out = open(part.with_name(part.name + ".log"), "a")
       cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", args[0], "--workdir", str(part), *args[1:]]
-      running.append((name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT), out))
+      # Processes sharing one accelerator must not each take most of its memory up front.
+      env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ}
+      running.append((name, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env), out))
     if stop_after is not None and time.time() >= stop_after and todo:
       failed += [name for name, _, _ in todo]
       log(f"  not started (out of time): {', '.join(name for name, _, _ in todo)}")
