@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from arithmetic_curve import arithmetic_args, merge, run_parallel
+from arithmetic_curve import arithmetic_args, merge, method_jobs, run_parallel
 from arithmetic_recipe import _grid
 
 from maskprior_jax.bench.arithmetic import protocol
@@ -87,8 +87,7 @@ def main():
       folder = grid_dir / f"lr{lr}_wd{wd}"
       settings.append(folder)
       common = arithmetic_args(lr, wd, seeds=seeds, sizes=sizes, steps=args.steps)
-      jobs += [(f"{folder.name}/{m}", folder / "parts" / m, ["arithmetic", "--methods", m, *common])
-               for m in METHODS if m not in finished(folder)]
+      jobs += method_jobs(folder, [m for m in METHODS if m not in finished(folder)], common, f"{folder.name}/")
     log(f"grid: {len(jobs)} method-settings to run")
     failed = run_parallel(jobs, args.jobs, log=log, kill_at=end and end - 60)
     for folder in settings:
@@ -110,10 +109,9 @@ def main():
     curve = arithmetic_args(lr, wd, seeds=conf, sizes=curve_sizes, steps=args.steps)
     modadd = arithmetic_args(lr, wd, seeds=conf, sizes=MODADD_SIZES, steps=args.steps, extra=["--task", "modadd"])
     init = arithmetic_args(lr, wd, seeds=conf, sizes=curve_sizes, steps=args.steps, qk_mask_decay="init")
-    jobs = [(f"curve/{m}", curve_dir / "parts" / m, ["arithmetic", "--methods", m, *curve]) for m in METHODS]
-    jobs += [(f"modadd/{m}", modadd_dir / "parts" / m, ["arithmetic", "--methods", m, *modadd]) for m in MODADD_METHODS]
+    jobs = method_jobs(curve_dir, METHODS, curve, "curve/") + method_jobs(modadd_dir, MODADD_METHODS, modadd, "modadd/")
     if not args.no_variant:
-      jobs += [(f"init/{m}", init_dir / "parts" / m, ["arithmetic", "--methods", m, *init]) for m in METHODS]
+      jobs += method_jobs(init_dir, METHODS, init, "init/")
     failed = run_parallel(jobs, args.jobs, log=log, stop_after=end and end - 240, kill_at=end and end - 45)
     merge_parts(curve_dir, METHODS)
     merge_parts(modadd_dir, MODADD_METHODS)

@@ -76,6 +76,11 @@ def arithmetic_args(lr: float, wd: float, *, seeds: str, sizes: str, steps: int 
           "--config.eval.every_steps=250", "--config.checkpoint.every_steps=1000", *extra]
 
 
+def method_jobs(folder: pathlib.Path, methods, args: list[str], label: str = "") -> list[tuple[str, pathlib.Path, list[str]]]:
+  """`run_parallel` jobs training each method in FOLDER/parts/METHOD with `maskprior arithmetic ARGS`."""
+  return [(f"{label}{m}", folder / "parts" / m, ["arithmetic", "--methods", m, *args]) for m in methods]
+
+
 def run_parallel(jobs: list[tuple[str, pathlib.Path, list[str]]], max_jobs: int, log=print,
                  stop_after: float | None = None, kill_at: float | None = None) -> list[str]:
   """Run `maskprior` jobs (name, run folder, arguments after the folder), each in its own process,
@@ -151,9 +156,8 @@ def main(argv=None):
   print(f"arithmetic curve: lr {lr}, weight decay {wd}, qk_mask_decay {args.qk_mask_decay}, methods {methods}", flush=True)
   if args.jobs <= 1:
     return cli.main(["arithmetic", "--workdir", str(root), "--methods", ",".join(methods), *common])
-  parts = {m: root / "parts" / m for m in methods}
-  failed = run_parallel([(m, parts[m], ["arithmetic", "--methods", m, *common]) for m in methods], args.jobs)
-  done = [parts[m] for m in methods if m not in failed]
+  failed = run_parallel(method_jobs(root, methods, common), args.jobs)
+  done = [root / "parts" / m for m in methods if m not in failed]
   if done:
     print(report.table(merge(done, root)))
   return 1 if failed else 0

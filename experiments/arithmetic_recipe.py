@@ -16,6 +16,7 @@ import json
 import pathlib
 
 import numpy as np
+from arithmetic_curve import arithmetic_args
 
 from maskprior_jax.bench import cli, results as results_lib
 from maskprior_jax.bench.arithmetic import protocol
@@ -44,9 +45,9 @@ def main():
   cells, rows = {}, []
   for lr, wd in _grid(args.grid):
     work = root / f"lr{lr}_wd{wd}"
-    argv = ["arithmetic", "--workdir", str(work), "--methods", ",".join(METHODS), "--seeds", ",".join(map(str, seeds)) if len(seeds) > 1 else f"{seeds[0]}-{seeds[0]}",
-            "--train-sizes", ",".join(map(str, protocol.RECIPE_SIZES)), *protocol.recipe_overrides(lr, wd, steps=args.steps),
-            "--config.eval.every_steps=250", "--config.checkpoint.every_steps=1000"]
+    argv = ["arithmetic", "--workdir", str(work), "--methods", ",".join(METHODS),
+            *arithmetic_args(lr, wd, seeds=",".join(map(str, seeds)) if len(seeds) > 1 else f"{seeds[0]}-{seeds[0]}",
+                             sizes=",".join(map(str, protocol.RECIPE_SIZES)), steps=args.steps)]
     if cli.main(argv):
       raise SystemExit(f"maskprior {' '.join(argv)} failed")
     runs = json.loads((work / "results.json").read_text())["runs"]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from maskprior_jax.bench.config import LATER_KEYS
+
 EXPLORATION_SEEDS = tuple(range(100, 105))
 CONFIRMATION_SEEDS = tuple(range(0, 5))
 
@@ -47,10 +49,9 @@ VARIANTS = {
 
 
 # The second round's optimizer and data, which the budget and variant runs above used (the default
-# config then); `experiments/arithmetic_explore.py` passes these so that it still reproduces them.
-SECOND_ROUND = ["--config.train.learning_rate=0.001", "--config.train.warmup_steps=0", "--config.train.schedule=constant",
-                "--config.train.grad_clip_norm=0.0", "--config.train.b2=0.999", "--config.train.decay_on=all",
-                "--config.train.qk_mask_decay=legacy", "--config.task.val_size=0", "--config.task.coupling=rows"]
+# config then: lr 1e-3 and every key added since at its earlier value, `config.LATER_KEYS`);
+# `experiments/arithmetic_explore.py` passes these so that it still reproduces them.
+SECOND_ROUND = ["--config.train.learning_rate=0.001", *(f"--config.{k}={v}" for k, v in LATER_KEYS.items())]
 
 
 def select_budget(cells: dict) -> tuple[dict, str]:
