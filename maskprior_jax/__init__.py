@@ -12,7 +12,7 @@ from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAtt
                                      dot_product_attention)
 from maskprior_jax.optim import mask_prior_optimizer, with_mask_transform
 
-__version__ = "0.2.0"
+from maskprior_jax.version import __version__
 
 __all__ = ["MASK_PRIOR", "ATTENTION_WEIGHTS", "MaskPriorAttention", "MaskSettings", "priors",
            "mask_prior_optimizer", "with_mask_transform", "dot_product_attention", "__version__"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import signal
-import sys
 from typing import Any
 
 import jax
@@ -23,6 +23,8 @@ import orbax.checkpoint as ocp
 
 from maskprior_jax import distributed
 from maskprior_jax import paths
+
+logger = logging.getLogger(__name__)
 
 
 class Preempted(RuntimeError):
@@ -99,8 +101,8 @@ class Checkpointer:
       except Exception as e:  # a truncated or half-written checkpoint
         aside = self.directory / f"unreadable_{step}"
         if distributed.is_main_process():   # one process moves it, the others wait for that
-          print(f"warning: checkpoint at step {step} in {self.directory} is unreadable "
-                f"({type(e).__name__}); moved to {aside.name}, trying the previous one", file=sys.stderr)
+          logger.warning("checkpoint at step %d in %s is unreadable (%s); moved to %s, trying the previous one",
+                         step, self.directory, type(e).__name__, aside.name)
           (self.directory / str(step)).rename(aside)
         distributed.barrier(f"maskprior_unreadable_{step}")
         self.manager.reload()

@@ -1,7 +1,11 @@
 """Flax NNX: the mask prior as its own variable type, a native attention module and the optimizer
 helper.
 
-- `MaskPrior`: an `nnx.Variable` type for the bias (not a `Param`). Importing this module also
+- `MaskPrior`: the bias's variable type, a subclass of `nnx.Param` (as Flax's own `nnx.LoRAParam`):
+  Flax's defaults (`nnx.grad(loss_fn)`, `nnx.Optimizer(model, tx, wrt=nnx.Param)`,
+  `nnx.state(model, nnx.Param)`) include it, so it trains at the base rate unless told otherwise,
+  and the filter `MaskPrior` still selects it alone (its own learning rate, freezing, inspection;
+  `nnx.All(nnx.Param, nnx.Not(MaskPrior))` selects the other weights). Importing this module also
   registers it for the Linen "mask_prior" collection, so a Linen module wrapped with
   `flax.nnx.bridge.ToNNX` exposes its bias as `MaskPrior`.
 - `MaskPriorAttention`: an `nnx.Module` with the constructor of `flax.nnx.MultiHeadAttention`
@@ -12,12 +16,8 @@ helper.
 - `mask_prior_optimizer(model, learning_rate, **kw)`: an `nnx.Optimizer` over `Param` and
   `MaskPrior` with the Linen helper's keywords; the mask gets its own rule, or none when frozen.
 
-Gradients for it come from
-
-    grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, WRT))(model, batch)
-
-with `WRT = nnx.Any(nnx.Param, MaskPrior)` (plain `nnx.grad(loss_fn)` differentiates `Param`s
-only, so the mask would get no gradient).
+Gradients for it come from plain `nnx.grad(loss_fn)(model, batch)` (it is a `Param`);
+`WRT = nnx.Any(nnx.Param, MaskPrior)` names the same set explicitly and is kept for earlier code.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_w
                                      _fused_attention, _grouped, _layout, decode_step, expand_mask, mask_shape)
 
 
-class MaskPrior(nnx.Variable):
-  """A learnable additive attention-logit bias."""
+class MaskPrior(nnx.Param):
+  """A learnable additive attention-logit bias: a `Param` (trained by Flax's defaults) that filters
+  can still select by its own type."""
 
 
 nnx.register_variable_name(MASK_PRIOR, MaskPrior, overwrite=True)
@@ -205,14 +206,21 @@ def mask_prior_optimizer(model: nnx.Module, learning_rate, **kw) -> nnx.Optimize
   `name`, `weight_decay`, `b1`, `b2`, `mask_learning_rate`, `mask_lr_multiplier`,
   `mask_weight_decay`, `freeze_mask` (the bias then stays bit for bit), `grad_clip_norm`). Other
   variable types (`BatchStat`, `Cache`, ...) are never touched. Use it with
-  `grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, WRT))(model, ...)` and
-  `optimizer.update(model, grads)`."""
+  `grads = nnx.grad(loss_fn)(model, ...)` and `optimizer.update(model, grads)`.
+
+  Returns the `nnx.Optimizer`; raises ValueError for keywords `optim.mask_rules` refuses."""
   grad_clip_norm = kw.pop("grad_clip_norm", None)
   params_tx, mask_tx = optim.mask_rules(learning_rate, **kw)
-  state = nnx.state(model, WRT)
-  kinds = ["mask" if isinstance(v, MaskPrior) else "params"
-           for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))]
-  # nnx.Optimizer hands optax plain arrays (`nnx.as_pure`), so the labels are a tree of the same shape.
-  labels = jax.tree.unflatten(jax.tree.structure(nnx.as_pure(state)), kinds)
+  # Labels by path: the prior's paths are read off the model once; optax then receives the tree
+  # nnx.Optimizer hands it (Variables in some Flax versions, plain arrays in others), and each leaf is
+  # labelled by where it sits.
+  masks = {tuple(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, MaskPrior))}
+
+  def labels(tree):
+    def kind(path, _):
+      keys = tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+      keys = keys[:-1] if keys and keys[-1] in ("value", "raw_value") else keys   # a Variable's own field
+      return "mask" if keys in masks else "params"
+    return jax.tree_util.tree_map_with_path(kind, tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
   tx = optax.partition({"params": params_tx, "mask": mask_tx or optax.set_to_zero()}, labels)
   return nnx.Optimizer(model, optim.clipped(tx, grad_clip_norm), wrt=WRT)

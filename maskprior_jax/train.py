@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import sys
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -29,6 +29,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from maskprior_jax import checkpoint as ckpt
 from maskprior_jax import distributed, faults, optim
 from maskprior_jax.sharding import batch_sharding, data_mesh, fsdp_sharding, replicated
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["LoopSettings", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
            "make_generating_train_step", "make_eval_step", "train_seeds", "stack_trees", "Progress",
@@ -332,11 +334,13 @@ def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = N
 
 
 class Progress:
-  """Prints `[label] step k/total loss=... (steps/s, elapsed)` every `every` steps."""
+  """Reports `[label] step k/total loss=... (steps/s, elapsed)` every `every` steps: to the
+  "maskprior_jax.train" logger at INFO (the `maskprior` command shows it on stderr; an importing
+  program routes or silences it with `logging`), or printed to `stream` where one is given."""
 
   def __init__(self, total: int, label: str = "", every: int = 100, stream=None, enabled: bool = True):
     self.total, self.label, self.every, self.enabled = total, label, every, enabled
-    self.stream = stream or sys.stderr
+    self.stream = stream
     self.t0 = self.t_last = time.perf_counter()
     self.last_step = 0
 
@@ -349,8 +353,11 @@ class Progress:
     shown = ""
     if metrics:
       shown = " ".join(f"{k}={float(np.mean(v)):.4g}" for k, v in metrics.items())
-    print(f"[{self.label}] step {step}/{self.total} {shown} ({rate:.1f} steps/s, "
-          f"{now - self.t0:.0f}s)", file=self.stream, flush=True)
+    line = f"[{self.label}] step {step}/{self.total} {shown} ({rate:.1f} steps/s, {now - self.t0:.0f}s)"
+    if self.stream is None:
+      logger.info(line)
+    else:
+      print(line, file=self.stream, flush=True)
 
 
 def stack_trees(trees: Sequence[Any]) -> Any:
@@ -439,7 +446,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       states, record = restored
       done, history = int(record["step"]), record["history"]
       if distributed.is_main_process():
-        print(f"[{label}] resumed from the checkpoint at step {done}", file=sys.stderr, flush=True)
+        logger.info("[%s] resumed from the checkpoint at step %d", label, done)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
   faults.point("compile")

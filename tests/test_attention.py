@@ -156,7 +156,7 @@ def test_nnx_bridge_sees_mask_as_its_own_variable_type():
   model = nnx.bridge.ToNNX(linen, rngs=nnx.Rngs(0))
   nnx.bridge.lazy_init(model, x)
   masks = nnx.state(model, MaskPrior)
-  params = nnx.state(model, nnx.Param)
+  params = nnx.state(model, nnx.All(nnx.Param, nnx.Not(MaskPrior)))
   assert len(jax.tree.leaves(masks)) == 1
   assert jax.tree.leaves(masks)[0].shape == (2, 6, 6)
   assert all(leaf.shape != (2, 6, 6) for leaf in jax.tree.leaves(params))

@@ -8,6 +8,15 @@ import pytest
 
 import maskprior_jax as mp
 
+
+def _x64():
+  # jax.enable_x64 from JAX 0.7; the experimental spelling before (the floors job runs JAX 0.6)
+  if hasattr(jax, "enable_x64"):
+    return jax.enable_x64(True)
+  from jax.experimental import enable_x64
+  return enable_x64()
+
+
 def _explicit(q, k, v, bias, mask):
   """The definition, written out: softmax(q.k/sqrt(H) + bias, where mask) . v."""
   s = jnp.einsum("btnh,bsnh->bnts", q, k) / jnp.sqrt(q.shape[-1]) + bias
@@ -28,7 +37,7 @@ def test_blockwise_equals_the_definition_in_value_and_every_gradient(bias_shape,
   """In float64 (so the comparison does not depend on summation order): output and the gradients
   with respect to query, key, value and bias, the bias gradient at the bias's own size; key
   length 45 is not a multiple of the block (16)."""
-  with jax.enable_x64(True):
+  with _x64():
     q, k, v, w = _inputs(jnp.float64)
     bias = jax.random.normal(jax.random.key(5), bias_shape, jnp.float64)
     mask = jnp.tril(jnp.ones((37, 45), bool), k=3)[None, None] if masked else None
@@ -68,7 +77,7 @@ def test_the_module_takes_the_blockwise_path_and_its_mask_gets_the_same_gradient
   mods = {i: mp.MaskPriorAttention(num_heads=4, mask_init=prior, mask_kind="relative_1d", max_len=24,
                                    implementation=i) for i in ("xla", "blockwise")}
   v = mods["xla"].init(jax.random.key(0), x)
-  with jax.enable_x64(True):
+  with _x64():
     x, v = jnp.asarray(x, jnp.float64), jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), v)
     grads = {i: jax.grad(lambda v, m=m: jnp.sum(m.apply(v, x) ** 2))(v) for i, m in mods.items()}
   for a, c in zip(jax.tree.leaves(grads["blockwise"]), jax.tree.leaves(grads["xla"])):
@@ -76,6 +85,7 @@ def test_the_module_takes_the_blockwise_path_and_its_mask_gets_the_same_gradient
 
 
 def test_benchmark_configs_accept_blockwise():
+  pytest.importorskip("ml_collections")   # the bench extra (absent in the floors job)
   from maskprior_jax.bench import config
   cfg = config.apply_overrides(config.builtin_config("boolean"), ["--config.model.attention=blockwise"])
   config.check(cfg)

@@ -5,6 +5,7 @@ left alone."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -69,10 +70,10 @@ def _step(lr_multiplier=1.0, freeze=False):
     return jnp.mean((model(ids) - y) ** 2)
   grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, mnnx.WRT))(model)
   before = {k: jax.tree.map(np.asarray, nnx.state(model, t)) for k, t in
-            (("mask", mnnx.MaskPrior), ("params", nnx.Param), ("stats", nnx.BatchStat))}
+            (("mask", mnnx.MaskPrior), ("params", nnx.All(nnx.Param, nnx.Not(mnnx.MaskPrior))), ("stats", nnx.BatchStat))}
   opt.update(model, grads)
   after = {k: jax.tree.map(np.asarray, nnx.state(model, t)) for k, t in
-           (("mask", mnnx.MaskPrior), ("params", nnx.Param), ("stats", nnx.BatchStat))}
+           (("mask", mnnx.MaskPrior), ("params", nnx.All(nnx.Param, nnx.Not(mnnx.MaskPrior))), ("stats", nnx.BatchStat))}
   return prior, initial, before, after
 
 
@@ -98,15 +99,23 @@ def test_an_nnx_model_trains_the_mask_at_its_own_rate_and_freezing_keeps_it_bit_
       assert a.tobytes() == b.tobytes()
 
 
-def test_plain_nnx_grad_would_leave_the_mask_without_a_gradient():
-  """Why the helper documents the DiffState line: nnx.grad's default differentiates Params only."""
+def test_flax_defaults_train_the_prior_it_is_a_param():
+  """A user who trains with Flax's documented defaults (plain nnx.grad, nnx.Optimizer(wrt=nnx.Param))
+  moves the prior at the base rate; the helper's own rate and freezing are tested above."""
   prior = priors.from_matrix(priors.group_matrix([[0, 1]], 6, num_heads=4))
   model = Classifier(prior, nnx.Rngs(0))
-  ids = jnp.ones((4, 6), jnp.int32)
-  default = nnx.grad(lambda m: jnp.mean(m(ids) ** 2))(model)
-  assert not jax.tree.leaves(nnx.state(default, mnnx.MaskPrior))
-  full = nnx.grad(lambda m: jnp.mean(m(ids) ** 2), argnums=nnx.DiffState(0, mnnx.WRT))(model)
-  assert jax.tree.leaves(nnx.state(full, mnnx.MaskPrior))
+  ids = jax.random.bernoulli(jax.random.key(1), 0.5, (8, 6)).astype(jnp.int32)
+  loss_fn = lambda m: jnp.mean((m(ids) - ids[:, 0]) ** 2)
+  grads = nnx.grad(loss_fn)(model)
+  assert jax.tree.leaves(nnx.state(grads, mnnx.MaskPrior))
+  assert isinstance(model.attn.mask_prior, nnx.Param)
+  before = jax.tree.map(np.array, nnx.state(model, mnnx.MaskPrior))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+  optimizer.update(model, grads)
+  after = nnx.state(model, mnnx.MaskPrior)
+  assert _moved(before, after) == pytest.approx(1e-2, rel=1e-3)           # Adam's first step: lr x sign
+  others = nnx.state(model, nnx.All(nnx.Param, nnx.Not(mnnx.MaskPrior)))
+  assert all(leaf.shape != (4, 6, 6) for leaf in jax.tree.leaves(others))
 
 
 def test_attention_dropout_draws_from_the_modules_rngs_and_deterministic_turns_it_off():

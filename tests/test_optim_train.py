@@ -1,4 +1,5 @@
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 
@@ -11,7 +12,8 @@ from maskprior_jax.models import Transformer
 # amplified by a few optimizer steps, depends on the CPU. In float64 that noise is ~1e-16, far
 # inside the tolerances, so the tolerances still catch any real difference.
 def x64():
-  return jax.enable_x64(True)
+  # jax.enable_x64 from JAX 0.7; the experimental spelling before (the floors job runs JAX 0.6)
+  return jax.enable_x64(True) if hasattr(jax, "enable_x64") else __import__("jax.experimental").experimental.enable_x64()
 
 
 def _f64(tree):
@@ -267,6 +269,9 @@ def test_fsdp_sharded_step_equals_replicated_step():
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 7),
+                    reason="JAX 0.6's CPU client returned each call finished (seen in the floors job); the "
+                    "loop's own dispatch is checked on the current JAX")
 def test_loop_dispatches_the_next_call_before_the_previous_one_finishes(monkeypatch):
   """No host sync per call: the loop builds and dispatches the next call while earlier ones still
   run on the device, waiting only at the log/eval point at the end. Checked by state, not by

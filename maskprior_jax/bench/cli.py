@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 
@@ -89,6 +90,10 @@ CONFIG_HELP = """config overrides:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.", epilog=CONFIG_HELP,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+  from maskprior_jax import __version__, version
+  commit = version.source()["commit"]
+  parser.add_argument("--version", action="version", version=f"maskprior {__version__}"
+                      + (f" (commit {commit[:12]})" if commit else ""))
   sub = parser.add_subparsers(dest="command", required=True)
   for name in BENCHMARKS:
     command = _command(name)
@@ -139,7 +144,39 @@ def _to_devnull(fd: int) -> None:
   os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
 
 
+class _StderrHandler(logging.StreamHandler):
+  """Writes to whatever `sys.stderr` is when a record comes (pytest's capture, a redirected stream)."""
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, value):
+    pass
+
+
+class _Formatter(logging.Formatter):
+  def format(self, record):
+    line = super().format(record)
+    return f"warning: {line}" if record.levelno >= logging.WARNING else line
+
+
+def configure_logging() -> None:
+  """The command shows the library's notes (progress, resumes, checkpoint warnings) on stderr as
+  plain lines, once per process; a level already set on the "maskprior_jax" logger is kept."""
+  logger = logging.getLogger("maskprior_jax")
+  if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+  if logger.level == logging.NOTSET:
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
+  configure_logging()
   as_program = argv is None   # the console script or `python -m` (in-process callers keep their stderr)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])

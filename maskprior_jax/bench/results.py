@@ -180,8 +180,9 @@ def seeds_dir(seeds: Sequence[int]) -> str:
 def environment() -> dict:
   import flax
   import optax
-  from maskprior_jax import __version__
-  return {"maskprior_jax": __version__, "jax": jax.__version__, "flax": flax.__version__,
+  from maskprior_jax import __version__, version
+  code = version.source()
+  return {"maskprior_jax": __version__, "commit": code["commit"], "dirty": code["dirty"], "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(),
           "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
           "processes": jax.process_count(), "distributed": distributed.started()}
