@@ -21,6 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
+           "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
+           "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention"]
+
 MASK_PRIOR = "mask_prior"
 ATTENTION_WEIGHTS = "attention_weights"
 

@@ -24,6 +24,8 @@ import orbax.checkpoint as ocp
 from maskprior_jax import distributed
 from maskprior_jax import paths
 
+__all__ = ["Checkpointer", "Preempted", "SigtermFlag", "tree_sha256"]
+
 logger = logging.getLogger(__name__)
 
 
@@ -68,6 +70,12 @@ def _write_error(e: Exception, directory: os.PathLike) -> OSError:
 
 
 class Checkpointer:
+  """The training loop's checkpoints (orbax `CheckpointManager`): the stacked state and a JSON
+  record (step, evaluation history) per saved step, `max_to_keep` kept. `restore_latest(abstract)`
+  returns (state, record) of the newest readable step, or None; a step that cannot be read is moved
+  aside (`unreadable_STEP`, a warning through the `maskprior_jax.checkpoint` logger) and the previous
+  one tried. Raises OSError naming the folder when a save fails (disk full, permissions)."""
+
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2):
     """`directory`: a local folder or one on storage orbax writes to (`gs://...`)."""
     directory = paths.path(directory)

@@ -20,6 +20,9 @@ from jax.sharding import Mesh
 
 from maskprior_jax.sharding import batch_sharding
 
+__all__ = ["initialize", "detect_cluster", "started", "is_main_process", "process_slice", "process_part",
+           "take_part", "global_batch", "barrier", "broadcast_flag", "host_tree"]
+
 
 MODES = ("auto", "on", "off")
 _started = "single process"
@@ -89,6 +92,7 @@ def started() -> str:
 
 
 def is_main_process() -> bool:
+  """True in process 0 (the one that writes results and prints tables), and in a single process."""
   return jax.process_index() == 0
 
 

@@ -33,6 +33,8 @@ from maskprior_jax import optim
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
                                      _fused_attention, _grouped, _layout, decode_step, expand_mask, mask_shape)
 
+__all__ = ["MaskPrior", "MaskPriorAttention", "mask_prior_optimizer", "WRT"]
+
 
 class MaskPrior(nnx.Param):
   """A learnable additive attention-logit bias: a `Param` (trained by Flax's defaults) that filters

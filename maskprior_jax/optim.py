@@ -19,6 +19,10 @@ import optax
 
 from maskprior_jax.attention import MASK_PRIOR
 
+__all__ = ["mask_prior_optimizer", "with_mask_transform", "mask_rules", "base_optimizer", "DecayRule", "clipped",
+           "collection_labels", "weight_matrices", "query_key_kernels", "add_decayed_weights_toward_init",
+           "DecayTowardInitState"]
+
 Schedule = Callable[[Any], Any]
 
 

@@ -18,6 +18,8 @@ import numpy as np
 
 from maskprior_jax.attention import relative_2d_index
 
+__all__ = ["from_matrix", "group_matrix", "interaction_groups", "alibi_slopes", "locality_1d", "locality_2d"]
+
 
 def _for_kinds(*kinds: str):
   """Mark an initializer with the mask kinds whose stored shape it understands."""

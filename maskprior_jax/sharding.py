@@ -21,6 +21,7 @@ def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The sharding that holds a full copy of an array on every device of `mesh`."""
   return NamedSharding(mesh, P())
 
 

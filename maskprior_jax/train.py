@@ -58,6 +58,8 @@ class TrainState:
 
 
 def create_state(variables: dict, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  """A run's initial `TrainState`: step 0, `variables` (every collection except "intermediates"),
+  `tx.init` of them, the run's RNG key (stored as key data) and no non-finite loss seen."""
   variables = {k: v for k, v in variables.items() if k != "intermediates"}
   return TrainState(step=jnp.zeros((), jnp.int32), variables=variables,
                     opt_state=tx.init(variables), rng=_key_data(rng), nonfinite_at=jnp.full((), -1, jnp.int32))

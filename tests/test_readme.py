@@ -5,6 +5,12 @@ import re
 import numpy as np
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+DOCS = README.parent / "docs"
+
+
+def _docs_text() -> str:
+  """The README and every hand-written docs page (the results' analysis moved there from the README)."""
+  return "\n".join([README.read_text()] + [p.read_text() for p in sorted(DOCS.rglob("*.md"))])
 
 
 def test_readme_example_runs_and_trains_the_mask():
@@ -22,7 +28,7 @@ def test_readme_example_runs_and_trains_the_mask():
 
 
 def test_readme_nnx_example_runs_and_moves_the_mask():
-  code = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[1]
+  code = re.findall(r"```python\n(.*?)```", (DOCS / "guides" / "nnx.md").read_text(), re.S)[0]
   assert "nnx" in code
   scope = {}
   exec(compile(code, "README.md", "exec"), scope)
@@ -41,10 +47,12 @@ def test_report_on_the_headline_results_reproduces_the_readme_tables(capsys):
   from maskprior_jax.bench import cli
   assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
   out = capsys.readouterr().out
-  tables = out.split("\n\n")[:2]
+  # the headline table, the structure-only bound's note and the excess table: on the README's first page
+  tables = out.split("\n\n")[:3]
   text = README.read_text()
   for table in tables:
     assert table.strip() and table.strip() in text
+  assert "structure-only bound" in tables[0] and "Excess over the structure-only bound" in tables[1]
 
 
 def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, tmp_path):
@@ -60,13 +68,13 @@ def test_report_reads_the_committed_arithmetic_vision_and_language_runs(capsys, 
   shown += [b for b in arith if b.startswith(("Largest training size", "Runs ending"))]
   assert len(shown) == 6
   for block in shown:
-    assert block.strip() in README.read_text(), block
+    assert block.strip() in _docs_text(), block
   assert "| mask | 5 | 0.96 ± 0.01 | -0.2 points vs qk |" in out
   assert "| mask | 5 | 2.01 ± 0.012 | -0.8% vs bias_zero |" in out
   # the README's hand-written vision and language tables: each method's mean ± std and per-seed
   # values, formatted from results.json
-  text = README.read_text()
-  section = text[text.index("## Results: vision and language"):]
+  text = (DOCS / "results" / "vision_language.md").read_text()
+  section = text[text.index("# Results: vision and language"):]
   tables = {"vision": section[section.index("**Vision**"):section.index("**Language**")],
             "language": section[section.index("**Language**"):section.index("Persistence (attention TV")]}
   for bench, key in (("vision", "test_accuracy"), ("language", "test_bits_per_char")):
@@ -86,8 +94,7 @@ def test_every_maskprior_command_in_the_cluster_section_and_the_sbatch_script_pa
 
   from maskprior_jax.bench import cli
   from maskprior_jax.bench.config import apply_overrides, load_config_file
-  text = README.read_text()
-  section = text[text.index("## Where to run it"):text.index("## What is in the package")]
+  section = (DOCS / "guides" / "running.md").read_text()
   sbatch = (README.parent / "experiments" / "cluster" / "slurm.sbatch").read_text().replace("\\\n", " ")
   blocks = "".join(re.findall(r"```bash\n(.*?)```", section, re.S)) + sbatch
   lines = re.findall(r"maskprior (?:boolean|arithmetic|vision|language) [^'\n]*", blocks)
@@ -104,4 +111,4 @@ def test_report_on_the_headline_results_rebuilds_the_readme_attribution_table(ca
   assert cli.main(["report", str(README.parent / "experiments" / "results" / "boolean_headline")]) == 0
   out = capsys.readouterr().out
   table = next(c for c in out.split("\n\n") if c.startswith("| task | vanilla (fitted)"))
-  assert "| mask_positions (fitted) |" in table and table.strip() in README.read_text()
+  assert "| mask_positions (fitted) |" in table and table.strip() in (DOCS / "results" / "boolean.md").read_text()

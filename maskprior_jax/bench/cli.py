@@ -45,7 +45,29 @@ def cmd_benchmark(args) -> int:
 
 def cmd_report(args) -> int:
   """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
-  results.json that cannot be read is named in one line and skipped (exit status 1)."""
+  results.json that cannot be read is named in one line and skipped (exit status 1). With
+  --markdown FILE the same tables also go to FILE as a Markdown page (a title, the command that
+  rebuilds it, the tables): the docs' results pages are such files."""
+  if not args.markdown:
+    return _report(args)
+  import contextlib
+  import io
+  buffer = io.StringIO()
+  with contextlib.redirect_stdout(buffer):
+    status = _report(args)
+  text = buffer.getvalue()
+  print(text, end="")
+  import shlex
+  command = shlex.join(["maskprior", "report", *args.dirs] + (["--out", args.out] if args.out else [])
+                       + ["--markdown", args.markdown] + (["--title", args.title] if args.title else []))
+  page = (f"# {args.title or 'Tables from ' + ', '.join(args.dirs)}\n\n"
+          f"Generated from the committed `results.json` files by\n\n```bash\n{command}\n```\n\n"
+          "Do not edit: rerun the command.\n\n" + text.rstrip("\n") + "\n")
+  workdir_lib.write_text(workdir_lib.path(args.markdown), page)
+  return status
+
+
+def _report(args) -> int:
   found = []
   for d in map(workdir_lib.path, args.dirs):
     if not d.exists():
@@ -120,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
+  r.add_argument("--markdown", help="also write the tables as a Markdown page to this file (default: off)")
+  r.add_argument("--title", help="the Markdown page's title (default: the folders' names)")
   r.set_defaults(fn=cmd_report)
   return parser
 

@@ -2,6 +2,13 @@
 variable set of one monomial) is read by its own token, built from which variables interact and
 nothing else (no coefficients, no values on the unseen domain).
 
+**What p2, d1 and d2 compute outside attention.** Each support's count of +1 entries is computed
+from the input ids in Python (`ids[:, list(s)].sum(-1)`) and fed through a per-support embedding
+table. The attention tower does not compute that count: it is an input feature built by hand. d1
+and d2 are therefore the structure-only count lookup built as a network, and their results ("within
+0.01 of the count lookup") follow from that construction, not from an attention prior. Claims about
+mask priors rest on the `mask` method and its controls (`bench/boolean/methods.py`).
+
 Every design has one reader token per support after the n variable tokens; no CLS, no positional
 embedding. A hard mask lets reader k attend only to its support's variables and itself, and the
 variable tokens never attend to readers; the variable rows carry the mask prior of the `mask`
