@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
            "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
-           "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention"]
+           "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention", "dropout_shape"]
 
 MASK_PRIOR = "mask_prior"
 ATTENTION_WEIGHTS = "attention_weights"
@@ -339,9 +339,7 @@ class MaskPriorAttention(nn.Module):
         self.sow("intermediates", ATTENTION_WEIGHTS, weights)
       if not deterministic:
         rng = dropout_rng if dropout_rng is not None else self.make_rng("dropout")
-        keep_shape = weights.shape
-        if self.broadcast_dropout:   # one mask for every query row of a head, as Flax does
-          keep_shape = keep_shape[:-2] + (1, keep_shape[-1])
+        keep_shape = dropout_shape(weights.shape, self.broadcast_dropout)
         keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, keep_shape)
         weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
       out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value, precision=self.precision)
@@ -358,6 +356,15 @@ class MaskPriorAttention(nn.Module):
 
 
 IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
+
+
+def dropout_shape(weights_shape: tuple[int, ...], broadcast: bool) -> tuple[int, ...]:
+  """The attention-dropout mask's shape, as Flax's `dot_product_attention_weights`: with
+  `broadcast_dropout` one (q_len, kv_len) mask shared by every batch element and head, else one
+  per weight."""
+  if not broadcast:
+    return tuple(weights_shape)
+  return (1,) * (len(weights_shape) - 2) + tuple(weights_shape[-2:])
 
 
 def decode_step(cached_key, cached_value, position, key, value, mask):

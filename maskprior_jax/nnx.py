@@ -21,6 +21,8 @@ Gradients for it come from plain `nnx.grad(loss_fn)(model, batch)` (it is a `Par
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import jax
@@ -31,9 +33,9 @@ from flax import nnx
 
 from maskprior_jax import optim
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
-                                     _fused_attention, _grouped, _layout, decode_step, expand_mask, mask_shape)
+                                     _fused_attention, _grouped, _layout, decode_step, dropout_shape, expand_mask, mask_shape)
 
-__all__ = ["MaskPrior", "MaskPriorAttention", "mask_prior_optimizer", "WRT"]
+__all__ = ["MaskPrior", "MaskPriorAttention", "MultiHeadAttention", "mask_prior_optimizer", "WRT"]
 
 
 class MaskPrior(nnx.Param):
@@ -96,7 +98,7 @@ class MaskPriorAttention(nnx.Module):
     self.dtype, self.precision, self.implementation = dtype, precision, implementation
     self.broadcast_dropout, self.dropout_rate, self.deterministic = broadcast_dropout, dropout_rate, deterministic
     self.mask_kind, self.max_len, self.grid, self.num_prefix = mask_kind, max_len, grid, num_prefix
-    self.rngs = rngs.fork() if dropout_rate > 0 else None
+    self.rngs = rngs.dropout.fork() if dropout_rate > 0 else None   # as Flax: the dropout stream
 
     def proj(heads):
       return nnx.LinearGeneral(in_features, (heads, self.head_dim), axis=-1, dtype=dtype, param_dtype=param_dtype,
@@ -128,6 +130,15 @@ class MaskPriorAttention(nnx.Module):
       return int(np.shape(mask_init)[-1])   # an array prior says its own length
     raise ValueError(f"mask_kind={self.mask_kind!r} in NNX needs max_len (the longest sequence)")
 
+  def _dropout_key(self, rngs):
+    """A dropout key, as Flax: from `rngs` (an `Rngs`: its dropout stream; or an `RngStream`), else
+    from the stream the module keeps."""
+    stream = rngs.dropout if isinstance(rngs, nnx.Rngs) else rngs
+    stream = self.rngs if stream is None else stream
+    if stream is None:
+      raise ValueError("dropout needs rngs: build the module with rngs or pass rngs= to the call")
+    return stream()
+
   def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
     """A key/value cache for `decode`: input_shape is (batch..., max_length, features)."""
     shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)
@@ -149,7 +160,8 @@ class MaskPriorAttention(nnx.Module):
 
   def __call__(self, inputs_q: jax.Array, inputs_k: jax.Array | None = None, inputs_v: jax.Array | None = None,
                *, mask: jax.Array | None = None, bias: jax.Array | None = None, deterministic: bool | None = None,
-               rngs: nnx.Rngs | None = None, sow_weights: bool = False, decode: bool | None = None) -> jax.Array:
+               rngs: nnx.Rngs | nnx.RngStream | None = None, sow_weights: bool = False,
+               decode: bool | None = None) -> jax.Array:
     """As `flax.nnx.MultiHeadAttention.__call__` (self-attention when `inputs_k`/`inputs_v` are
     None); `mask` is boolean (False excludes a pair), `bias` an extra additive logit bias;
     `decode` overrides the attribute."""
@@ -181,7 +193,7 @@ class MaskPriorAttention(nnx.Module):
     else:
       deterministic = True
     if self.attention_fn is not None:
-      rng = None if deterministic else (rngs or self.rngs).dropout()
+      rng = None if deterministic else self._dropout_key(rngs)
       out = self.attention_fn(query, key, value, bias=total, mask=mask, dropout_rng=rng, dropout_rate=self.dropout_rate,
                               broadcast_dropout=self.broadcast_dropout, deterministic=deterministic, dtype=self.dtype,
                               precision=self.precision, module=None)
@@ -191,8 +203,8 @@ class MaskPriorAttention(nnx.Module):
       if sow_weights:
         self.sow(nnx.Intermediate, ATTENTION_WEIGHTS, weights)
       if not deterministic:
-        rng = (rngs or self.rngs).dropout()
-        keep_shape = weights.shape[:-2] + (1, weights.shape[-1]) if self.broadcast_dropout else weights.shape
+        rng = self._dropout_key(rngs)
+        keep_shape = dropout_shape(weights.shape, self.broadcast_dropout)
         keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, keep_shape)
         weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
       out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(self.dtype or query.dtype), value,
@@ -200,6 +212,69 @@ class MaskPriorAttention(nnx.Module):
     else:
       out = _fused_attention(query, key, value, total, mask, self.implementation)
     return self.out(out)
+
+
+class MultiHeadAttention(nnx.MultiHeadAttention):
+  """`flax.nnx.MultiHeadAttention` with a mask prior: the exact drop-in (one changed import line).
+
+  Flax's own class and code: every constructor and call argument (`kernel_metadata` and the other
+  `*_metadata` sharding annotations, `keep_rngs`, `is_causal`, `rngs` as `Rngs` or `RngStream`,
+  `decode`/`init_cache`, `sow_weights`, `attention_fn`), the stored dropout stream
+  (`rngs.dropout.fork()`), the attribute names (`query`, `key`, `value`, `out`, `query_ln`,
+  `key_ln`, the cache variables) and the softmax dtype. Plus, keyword-only:
+    mask_init: initializer `(key, shape, dtype) -> B` or an array; None: no prior (then the module
+      is Flax's, bit for bit). The initializer's key is drawn from `rngs.params()` after Flax's own
+      weights, so the weights equal Flax's under the same `Rngs`.
+    mask_kind, max_len, grid, num_prefix: as `MaskPriorAttention` ("full" and "shared" need
+      `max_len` unless the prior is an array).
+  The bias is `self.mask_prior`, a `MaskPrior` (an `nnx.Param`): Flax's default training trains it,
+  `mask_prior_optimizer` gives it its own rule. It reaches Flax's attention function as `bias`, cast
+  to the logits' dtype. Raises ValueError for a prior that does not fit the kind or shape.
+  """
+
+  def __init__(self, *args, mask_init=None, mask_kind: str = "full", max_len: int | None = None,
+               grid: tuple[int, int] | None = None, num_prefix: int = 0, **kwargs):
+    super().__init__(*args, **kwargs)
+    _layout(mask_kind)
+    self.mask_kind, self.max_len, self.grid, self.num_prefix = mask_kind, max_len, grid, num_prefix
+    prior = None
+    if mask_init is not None:
+      length = MaskPriorAttention._stored_length(self, mask_init)
+      shape = mask_shape(mask_kind, self.num_heads, length, length, max_len=max_len, grid=grid)
+      prior = MaskPrior(_checked_init(mask_init, kwargs["rngs"].params(), shape,
+                                      kwargs.get("param_dtype", jnp.float32), mask_kind))
+    self.mask_prior = prior
+
+  dense_bias = MaskPriorAttention.dense_bias
+
+  def __call__(self, *args, **kwargs):
+    if self.mask_prior is None:
+      return super().__call__(*args, **kwargs)
+    inner = self.attention_fn
+
+    @functools.wraps(inner)
+    def with_prior(query, key, value, *rest, bias=None, **kw):
+      q_len, kv_len = query.shape[-3], key.shape[-3]
+      decoding = q_len == 1 and kv_len > 1 and self.cache_index is not None and self.cached_key is not None \
+          and self.cached_key.shape[-3] == kv_len
+      prior = self.dense_bias(kv_len if decoding else q_len, kv_len)
+      if decoding:   # Flax has already advanced the index past the token being decoded
+        prior = jax.lax.dynamic_slice_in_dim(prior, self.cache_index[...] - 1, 1, axis=-2)
+      prior = prior.astype(kw.get("dtype") or jnp.result_type(query.dtype, key.dtype))
+      return inner(query, key, value, *rest, bias=prior if bias is None else bias + prior, **kw)
+
+    self.attention_fn = with_prior   # for this call only
+    try:
+      return super().__call__(*args, **kwargs)
+    finally:
+      self.attention_fn = inner
+
+
+MultiHeadAttention.__call__.__signature__ = inspect.signature(nnx.MultiHeadAttention.__call__)
+MultiHeadAttention.__init__.__signature__ = inspect.signature(nnx.MultiHeadAttention.__init__).replace(
+    parameters=[*inspect.signature(nnx.MultiHeadAttention.__init__).parameters.values()] + [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d)
+        for n, d in (("mask_init", None), ("mask_kind", "full"), ("max_len", None), ("grid", None), ("num_prefix", 0))])
 
 
 def mask_prior_optimizer(model: nnx.Module, learning_rate, **kw) -> nnx.Optimizer:

@@ -12,6 +12,7 @@ unless asked, or frozen (`optax.set_to_zero`: no state, no change, ever).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -21,7 +22,7 @@ from maskprior_jax.attention import MASK_PRIOR
 
 __all__ = ["mask_prior_optimizer", "with_mask_transform", "mask_rules", "base_optimizer", "DecayRule", "clipped",
            "collection_labels", "weight_matrices", "query_key_kernels", "add_decayed_weights_toward_init",
-           "DecayTowardInitState"]
+           "DecayTowardInitState", "PRIOR_LEAF"]
 
 Schedule = Callable[[Any], Any]
 
@@ -29,12 +30,32 @@ Schedule = Callable[[Any], Any]
 UNTOUCHED = "untouched"
 
 
+PRIOR_LEAF = "mask_prior"   # a prior kept inside "params" (`maskprior_jax.linen`, mask_collection="params")
+
+
+def _params_labels(params: Any) -> Any:
+  """"params" for every leaf, except a prior kept inside the params (a leaf named "mask_prior")."""
+  def label(path, _):
+    return MASK_PRIOR if any(_key_name(k) == PRIOR_LEAF for k in path) else "params"
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
 def collection_labels(tree: dict) -> dict:
-  """Label every leaf by its top-level collection: "params", "mask_prior", or "untouched"
-  (every other collection: model state the optimizer must never change)."""
-  def label(name):
-    return name if name in ("params", MASK_PRIOR) else UNTOUCHED
-  return {name: jax.tree.map(lambda _, n=name: label(n), sub) for name, sub in tree.items()}
+  """Label every leaf: "mask_prior" for the mask prior, "params" for the other weights, "untouched"
+  for every other collection (model state the optimizer must never change).
+
+  `tree` is what `model.init` returns (`{"params": ..., "mask_prior": ..., ...}`), or the params
+  alone (a training loop that passes only `params`: a tree with neither a "params" nor a
+  "mask_prior" key at the top). Inside the params, a leaf named "mask_prior" is the prior
+  (`maskprior_jax.linen` modules with `mask_collection="params"`)."""
+  if not isinstance(tree, Mapping) or not ({"params", MASK_PRIOR} & set(tree)):
+    return _params_labels(tree)
+
+  def label(name, sub):
+    if name == "params":
+      return _params_labels(sub)
+    return jax.tree.map(lambda _: name if name == MASK_PRIOR else UNTOUCHED, sub)
+  return {name: label(name, sub) for name, sub in tree.items()}
 
 
 def with_mask_transform(params_tx: optax.GradientTransformation,

@@ -12,7 +12,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GENERATED = REPO / "docs" / "results" / "generated"
 PAGES = sorted(GENERATED.glob("*.md"))
-MODULES = ["maskprior_jax", "maskprior_jax.nnx", "maskprior_jax.priors", "maskprior_jax.optim",
+MODULES = ["maskprior_jax", "maskprior_jax.linen", "maskprior_jax.nnx", "maskprior_jax.priors", "maskprior_jax.optim",
            "maskprior_jax.attention", "maskprior_jax.train", "maskprior_jax.checkpoint", "maskprior_jax.distributed"]
 
 

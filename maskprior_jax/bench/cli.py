@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import os
 import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
-from maskprior_jax.bench import workdir as workdir_lib
+from maskprior_jax.bench import console, workdir as workdir_lib
 from maskprior_jax.bench.workdir import WorkdirBusy, reason
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
@@ -45,25 +44,12 @@ def cmd_benchmark(args) -> int:
 
 def cmd_report(args) -> int:
   """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
-  results.json that cannot be read is named in one line and skipped (exit status 1). With
-  --markdown FILE the same tables also go to FILE as a Markdown page (a title, the command that
-  rebuilds it, the tables): the docs' results pages are such files."""
+  results.json that cannot be read is named in one line and skipped (exit status 1); --markdown: a page."""
   if not args.markdown:
     return _report(args)
-  import contextlib
-  import io
-  buffer = io.StringIO()
-  with contextlib.redirect_stdout(buffer):
-    status = _report(args)
-  text = buffer.getvalue()
+  status, text = console.captured(_report, args)
   print(text, end="")
-  import shlex
-  command = shlex.join(["maskprior", "report", *args.dirs] + (["--out", args.out] if args.out else [])
-                       + ["--markdown", args.markdown] + (["--title", args.title] if args.title else []))
-  page = (f"# {args.title or 'Tables from ' + ', '.join(args.dirs)}\n\n"
-          f"Generated from the committed `results.json` files by\n\n```bash\n{command}\n```\n\n"
-          "Do not edit: rerun the command.\n\n" + text.rstrip("\n") + "\n")
-  workdir_lib.write_text(workdir_lib.path(args.markdown), page)
+  workdir_lib.write_text(workdir_lib.path(args.markdown), console.report_page(args, text))
   return status
 
 
@@ -112,10 +98,7 @@ CONFIG_HELP = """config overrides:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.", epilog=CONFIG_HELP,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  from maskprior_jax import __version__, version
-  commit = version.source()["commit"]
-  parser.add_argument("--version", action="version", version=f"maskprior {__version__}"
-                      + (f" (commit {commit[:12]})" if commit else ""))
+  parser.add_argument("--version", action="version", version=console.version_line())
   sub = parser.add_subparsers(dest="command", required=True)
   for name in BENCHMARKS:
     command = _command(name)
@@ -143,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
   r.add_argument("--markdown", help="also write the tables as a Markdown page to this file (default: off)")
-  r.add_argument("--title", help="the Markdown page's title (default: the folders' names)")
+  r.add_argument("--title", help="the page's title (default: the folders' names)")
   r.set_defaults(fn=cmd_report)
   return parser
 
@@ -160,47 +143,8 @@ def _start_processes(args) -> None:
     sys.stdout = open(os.devnull, "w")
 
 
-def _to_devnull(fd: int) -> None:
-  """From here on, what is written to file descriptor `fd` goes to /dev/null. Used after the
-  command's last line: after a failed save orbax's writer threads may still be finishing and print
-  while the interpreter shuts down (asyncio's "never retrieved" futures, "Event loop is closed"), so
-  stderr goes quiet and the line stays the last one; after a closed pipe, stdout does."""
-  os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
-
-
-class _StderrHandler(logging.StreamHandler):
-  """Writes to whatever `sys.stderr` is when a record comes (pytest's capture, a redirected stream)."""
-
-  @property
-  def stream(self):
-    return sys.stderr
-
-  @stream.setter
-  def stream(self, value):
-    pass
-
-
-class _Formatter(logging.Formatter):
-  def format(self, record):
-    line = super().format(record)
-    return f"warning: {line}" if record.levelno >= logging.WARNING else line
-
-
-def configure_logging() -> None:
-  """The command shows the library's notes (progress, resumes, checkpoint warnings) on stderr as
-  plain lines, once per process; a level already set on the "maskprior_jax" logger is kept."""
-  logger = logging.getLogger("maskprior_jax")
-  if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-    handler = _StderrHandler()
-    handler.setFormatter(_Formatter())
-    logger.addHandler(handler)
-    logger.propagate = False
-  if logger.level == logging.NOTSET:
-    logger.setLevel(logging.INFO)
-
-
 def main(argv: list[str] | None = None) -> int:
-  configure_logging()
+  console.configure_logging()
   as_program = argv is None   # the console script or `python -m` (in-process callers keep their stderr)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
@@ -229,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     return 143
   except BrokenPipeError:   # the output's reader went away (`maskprior report DIR | head`): stop quietly
     if as_program:
-      _to_devnull(sys.stdout.fileno())
+      console.to_devnull(sys.stdout.fileno())
     return 1
   except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
@@ -238,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if as_program:
       sys.stdout.flush()
       sys.stderr.flush()
-      _to_devnull(sys.stderr.fileno())
+      console.to_devnull(sys.stderr.fileno())
     return 2
   except KeyboardInterrupt:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
