@@ -279,3 +279,26 @@ def test_design_rule_keeps_the_mask_unless_a_design_wins_beyond_spread_and_margi
   assert P.select_design({"mask": zero, "reader_p2": {"t1": [-1e-9] * 3}})[0] == "mask"   # a tie is no win
   kept, dropped = P.kept_tasks({"a": [0.1, None, 0.2, 0.3, 0.4], "b": [None, None, 0.1, 0.1, 0.1]})
   assert kept == ["a"] and dropped == ["b"]
+
+
+def test_the_corruption_rule_is_seeded_keeps_sizes_and_never_keeps_a_true_support_at_100_percent():
+  from maskprior_jax.bench.boolean import methods as bm
+  from maskprior_jax.bench.boolean import tasks as boolean
+  for name in boolean.TASKS:
+    task = boolean.get_task(name)
+    true = [sorted(g) for g in task.groups]
+    for seed in range(20):
+      assert bm.corrupted_supports(task.groups, task.n, 0.0, seed) == true
+      for fraction in (0.25, 0.5, 1.0):
+        out = bm.corrupted_supports(task.groups, task.n, fraction, seed)
+        assert out == bm.corrupted_supports(task.groups, task.n, fraction, seed)           # seeded
+        assert [len(g) for g in out] == [len(g) for g in true]                               # sizes kept
+        assert all(0 <= v < task.n and len(set(g)) == len(g) for g in out for v in g)
+        changed = sum(a != b for a, b in zip(out, true))
+        assert changed == round(fraction * len(true))                                        # that many replaced
+        if fraction == 1.0:
+          assert not any(g in true for g in out)                                             # no true support left
+    draws = {tuple(map(tuple, bm.corrupted_supports(task.groups, task.n, 1.0, s))) for s in range(20)}
+    assert len(draws) > 1                                                                    # per seed
+  with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+    bm.corrupted_supports([[0, 1]], 4, 1.5, 0)

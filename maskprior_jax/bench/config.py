@@ -160,7 +160,7 @@ def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = 
 LATER_KEYS = {
     "train.warmup_steps": 0, "train.schedule": "constant", "train.grad_clip_norm": 0.0,
     "train.b2": 0.999, "train.decay_on": "all", "train.qk_mask_decay": "legacy",
-    "task.val_size": 0, "task.coupling": "rows", "task.coupling_max_position": 20,
+    "task.val_size": 0, "task.coupling": "rows", "task.coupling_max_position": 20, "prior.corruption": 0.0,
 }
 
 

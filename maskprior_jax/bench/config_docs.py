@@ -53,6 +53,7 @@ KEY_DOCS = {
     "prior.spare_heads": "Boolean: with fewer groups than heads, spare heads repeat a group (`cycle`) or take the union (`union`)",
     "prior.layers": "Boolean: `all` layers, `first` only, or `layered`",
     "prior.pos_embedding": "Boolean: the mask model's positional embedding (`none`, or `model`: as `model.pos_embedding`)",
+    "prior.corruption": "Boolean: share of the prior's supports replaced by random ones of the same size, drawn per seed (0: none)",
     "prior.shuffle_seed": "Boolean: the draw of the wrong supports of the control `mask_shuffled`",
     "prior.kind": "arithmetic: `window` or `carry`; vision: `distance` or `impulse`",
     "prior.carry_decay": "arithmetic, kind `carry`: logit lost per place below i-1",

@@ -92,6 +92,12 @@ class Benchmark:
     with control methods maps them here."""
     return method
 
+  def seed_variables(self, method: str, variables: dict, seed: int) -> dict:
+    """One run's variables after `model.init`, before any baseline initialisation: a benchmark whose
+    prior differs per seed (e.g. a seeded corruption of its supports) sets it here (default: as is)."""
+    del method, seed
+    return variables
+
   def loss_fn(self, model) -> train.LossFn:
     raise NotImplementedError
 
@@ -147,7 +153,7 @@ def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[
   QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the initial attention on
   the probe inputs matches the prior's pattern (cfg.qk). The other methods differ only in the
   model (the mask model carries its prior). Returns (variables, info)."""
-  variables = model.init(jax.random.key(seed), bench.sample_input)
+  variables = bench.seed_variables(method, model.init(jax.random.key(seed), bench.sample_input), seed)
   info = {}
   method = bench.init_method(method)
   if method == "mimetic":

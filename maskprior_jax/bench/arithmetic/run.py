@@ -30,7 +30,8 @@ from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
 
 # The shared four, and position coupling (Cho et al., 2024) alone and with the mask prior.
-METHODS = runner.METHODS + ("coupling", "mask_coupling")
+# mask_qk: both priors at once (the mask prior plus the QK initialisation, fitted with the prior in place).
+METHODS = runner.METHODS + ("coupling", "mask_coupling", "mask_qk")
 COUPLED = ("coupling", "mask_coupling")
 
 
@@ -67,7 +68,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transformer:
   m = cfg.model
   mask = None
-  if method in ("mask", "mask_coupling"):
+  if method in ("mask", "mask_coupling", "mask_qk"):
     mask = MaskSettings(priors.from_matrix(prior_pattern(task, cfg)))
   coupled, max_len = None, task.input_len
   if method in COUPLED:   # the evaluation ids (start 1); training passes offset ids per example
@@ -151,6 +152,9 @@ class Arithmetic(runner.Benchmark):
 
   def model(self, method: str):
     return build_model(self.task, self.cfg, method)
+
+  def init_method(self, method: str) -> str:
+    return "qk" if method == "mask_qk" else method
 
   def eval_data(self, runs):
     return {"x": np.stack([self.train_xy[r.seed][0][:self.n_eval] for r in runs]),
@@ -291,5 +295,5 @@ def run_command(cfg, context, methods, seeds, workdir) -> str:
 
 
 COMMAND = runner.Command(name="arithmetic", help="low-data arithmetic benchmark (addition, modular addition)",
-                         methods=METHODS, default_seeds="0-4", add_arguments=add_arguments, prepare=prepare,
-                         run=run_command)
+                         methods=METHODS, default_methods=METHODS[:-1], default_seeds="0-4",
+                         add_arguments=add_arguments, prepare=prepare, run=run_command)

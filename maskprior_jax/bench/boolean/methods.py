@@ -23,9 +23,11 @@ import numpy as np
 from maskprior_jax.bench import runner
 
 CONTROLS = ("mask_positions", "mask_shuffled", "bias_zero", "qk_nopos")
+# Both priors at once: the mask prior plus the QK initialisation (fitted with the prior in place).
+COMBINED = ("mask_qk",)
 # Reader designs (`boolean.designs`): one reader token per support; "reader_<design>".
 DESIGN_METHODS = ("reader_p1", "reader_p2", "reader_d1", "reader_d2")
-METHODS = runner.METHODS + CONTROLS + DESIGN_METHODS
+METHODS = runner.METHODS + CONTROLS + COMBINED + DESIGN_METHODS
 
 
 def design_of(method: str) -> str | None:
@@ -33,9 +35,11 @@ def design_of(method: str) -> str | None:
   return method.removeprefix("reader_") if method in DESIGN_METHODS else None
 
 # Methods whose model carries a learnable bias (with the pattern from `prior_groups`, or zeros).
-BIAS_METHODS = ("mask", "mask_positions", "mask_shuffled", "bias_zero")
+BIAS_METHODS = ("mask", "mask_positions", "mask_shuffled", "bias_zero", "mask_qk")
 # Methods that run under the mask model's position setting (prior.pos_embedding).
-MASK_POSITIONS = ("mask", "mask_shuffled", "bias_zero", "qk_nopos")
+MASK_POSITIONS = ("mask", "mask_shuffled", "bias_zero", "qk_nopos", "mask_qk")
+# Methods whose prior `prior.corruption` corrupts (per seed, `corrupted_supports`).
+CORRUPTIBLE = ("mask", "mask_qk")
 # The attribution table: each control next to the two methods it sits between.
 ATTRIBUTION = ("vanilla", "qk", "qk_nopos", "bias_zero", "mask_shuffled", "mask_positions", "mask")
 # (label, control, method): the mask against a control that differs from it in one thing.
@@ -46,8 +50,8 @@ CONTRASTS = (("no positions (mask_positions → mask)", "mask_positions", "mask"
 
 
 def init_method(method: str) -> str:
-  """How `runner.initial_variables` initialises a method's runs (qk_nopos as qk)."""
-  return "qk" if method == "qk_nopos" else method
+  """How `runner.initial_variables` initialises a method's runs (qk_nopos and mask_qk as qk)."""
+  return "qk" if method in ("qk_nopos", "mask_qk") else method
 
 
 def shuffled_groups(groups: Sequence[Sequence[int]], n: int, seed: int) -> list[list[int]]:
@@ -64,5 +68,39 @@ def shuffled_groups(groups: Sequence[Sequence[int]], n: int, seed: int) -> list[
       draw = sorted(int(i) for i in rng.choice(pool, len(g), replace=False))
       if draw not in true:
         break
+    out.append(draw)
+  return out
+
+
+CORRUPTION_SALT = 20261205   # fixed with the rule below, before any run of it
+
+
+def corrupted_supports(groups: Sequence[Sequence[int]], n: int, fraction: float, seed: int) -> list[list[int]]:
+  """The task's supports with a fraction of them replaced by random supports of the same size: the
+  imperfect-prior study's rule, written before any run of it.
+
+  For run seed `seed`: rng = numpy's default_rng([CORRUPTION_SALT, seed]); k = round(fraction x
+  the number of supports); the k supports at positions rng.choice(len(groups), k, replace=False)
+  are each replaced by len(support) variables drawn without replacement from all n, redrawn while
+  the draw equals any true support. Sizes, order and the other supports are kept, so 0 returns the
+  task's supports and 1 replaces every one (no true support left). Raises ValueError for a
+  fraction outside [0, 1], or where no wrong support of a size exists."""
+  if not 0.0 <= fraction <= 1.0:
+    raise ValueError(f"prior.corruption must be in [0, 1], not {fraction}")
+  true = [sorted(set(int(i) for i in g)) for g in groups]
+  rng = np.random.default_rng([CORRUPTION_SALT, int(seed)])
+  k = int(round(fraction * len(true)))
+  replaced = set(int(i) for i in rng.choice(len(true), k, replace=False)) if k else set()
+  out = []
+  for i, g in enumerate(true):
+    if i not in replaced:
+      out.append(g)
+      continue
+    for _ in range(10000):
+      draw = sorted(int(v) for v in rng.choice(n, len(g), replace=False))
+      if draw not in true:
+        break
+    else:
+      raise ValueError(f"no support of size {len(g)} over {n} variables differs from the task's")
     out.append(draw)
   return out

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from maskprior_jax import priors
-from maskprior_jax.attention import MaskSettings
+from maskprior_jax.attention import MASK_PRIOR, MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.bench import runner
@@ -43,6 +43,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                   "eval.num_points", "eval.fit_threshold"])
   learning_rate(cfg, "")
   task_sizes(cfg)
+  if not 0.0 <= cfg.prior.corruption <= 1.0:
+    raise ConfigError(f"prior.corruption must be in [0, 1], not {cfg.prior.corruption}")
+  if cfg.prior.corruption and cfg.prior.layers == "layered":
+    raise ConfigError("prior.corruption needs prior.layers 'all' or 'first' (one pattern for every layer)")
 
 
 def _by_task(cfg, key: str, cast) -> dict:
@@ -208,6 +212,19 @@ class BooleanTask(runner.Benchmark):
 
   def init_method(self, method: str) -> str:
     return boolean_methods.init_method(method)
+
+  def seed_variables(self, method: str, variables: dict, seed: int) -> dict:
+    """With `prior.corruption` > 0, the prior of `boolean_methods.CORRUPTIBLE` methods is built from
+    this seed's corrupted supports (`boolean_methods.corrupted_supports`), in every layer that holds one."""
+    if not self.cfg.prior.corruption or method not in boolean_methods.CORRUPTIBLE:
+      return variables
+    groups = boolean_methods.corrupted_supports(self.task.groups, self.task.n, self.cfg.prior.corruption, seed)
+    pattern = jnp.asarray(prior_pattern(self.task, self.cfg, 0, groups))
+    def swap(leaf):
+      if leaf.shape != pattern.shape:
+        raise ConfigError("prior.corruption needs prior.layers 'all' or 'first' (one pattern for every layer)")
+      return pattern.astype(leaf.dtype)
+    return {**variables, MASK_PRIOR: jax.tree.map(swap, variables[MASK_PRIOR])}
 
   def probe_for(self, method: str) -> runner.Probe:
     design = boolean_methods.design_of(method)

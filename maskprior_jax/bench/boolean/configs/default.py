@@ -27,8 +27,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Default chosen on the exploration split by the rule in bench/boolean/protocol.py: token_rows
   # "noself" and no positional embedding for the mask model (round 2; before: "group", "model").
   # shuffle_seed: the draw of the wrong supports of the control mask_shuffled (bench/boolean/methods.py).
+  # corruption: the share of the supports replaced by random ones of the same size, drawn per seed
+  # (methods.corrupted_supports; methods mask and mask_qk); 0: the task's supports.
   c.prior.update(inside=0.0, outside=-4.0, per_head=True, token_rows="noself", spare_heads="cycle",
-                 mode="learned", mask_lr_multiplier=1.0, layers="all", pos_embedding="none", shuffle_seed=0)
+                 mode="learned", mask_lr_multiplier=1.0, layers="all", pos_embedding="none", shuffle_seed=0,
+                 corruption=0.0)
   # learning_rate_by_task: "task=lr,..." where a task's rate differs from train.learning_rate.
   c.train.update(steps=2000, batch_size=64, learning_rate=3e-4, learning_rate_by_task="",
                  optimizer="adam", weight_decay=0.0, steps_per_call=50)
