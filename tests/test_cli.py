@@ -30,6 +30,15 @@ def finished_run(tmp_path_factory):
   return work
 
 
+def test_a_fresh_runs_results_name_the_commit_of_its_code(finished_run):
+  """results.json's environment: the package version, and the commit `git rev-parse HEAD` prints."""
+  import maskprior_jax
+  from test_package import head_commit
+  env = json.loads((finished_run / "results.json").read_text())["environment"]
+  assert env["commit"] == head_commit() and isinstance(env["dirty"], bool)
+  assert env["maskprior_jax"] == maskprior_jax.__version__
+
+
 def test_end_to_end_writes_results_table_and_plots(finished_run):
   res = json.loads((finished_run / "results.json").read_text())
   assert res["task"] == "f2_2parity" and res["n"] == 15 and res["mdi_unseen_mse_true"] == pytest.approx(16)
