@@ -107,7 +107,10 @@ def report(root: pathlib.Path) -> str:
   for task in tasks:
     v, q = _stats(*vanilla[task]), _stats(*qk[task])
     bound = v["bound"]
-    lines += [f"## {task} (structure-only bound {bound:.3f}; vanilla {_cell(v)}; qk {_cell(q)})", ""]
+    k = len(vanilla[task][0]["groups"])
+    replaced = ", ".join(f"{lv:.0%}: {int(round(lv * k))}" for lv in LEVELS)
+    lines += [f"## {task} (structure-only bound {bound:.3f}; vanilla {_cell(v)}; qk {_cell(q)})", "",
+              f"{k} supports; replaced per seed ({replaced}; Python's round, half to even).", ""]
     header = ["corruption"] + [f"{m}" for m in MODES] + [f"{m}: excess over the bound" for m in MODES]
     rows = []
     for lv in LEVELS:
