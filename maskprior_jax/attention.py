@@ -23,7 +23,8 @@ import numpy as np
 
 __all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
            "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
-           "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention", "dropout_shape"]
+           "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention", "dropout_shape",
+           "with_prior_bias"]
 
 MASK_PRIOR = "mask_prior"
 ATTENTION_WEIGHTS = "attention_weights"
@@ -432,6 +433,19 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
     from maskprior_jax.blockwise import blockwise_attention
     return blockwise_attention(query, key, value, bias, mask, block_size)
   return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, implementation=impl)
+
+
+def with_prior_bias(attention_fn: Callable[..., jax.Array],
+                    prior: Callable[[int, int], jax.Array]) -> Callable[..., jax.Array]:
+  """A Flax-style attention function that adds `prior(q_len, kv_len)` (cast to the logits' dtype) to
+  its `bias` argument, with `attention_fn`'s signature (Flax filters the keywords it passes by it).
+  How the Flax-named drop-ins (`maskprior_jax.linen`, `maskprior_jax.nnx.MultiHeadAttention`) hand
+  their prior to Flax's own attention code."""
+  @functools.wraps(attention_fn)
+  def with_prior(query, key, value, *rest, bias=None, **kw):
+    b = prior(query.shape[-3], key.shape[-3]).astype(kw.get("dtype") or jnp.result_type(query.dtype, key.dtype))
+    return attention_fn(query, key, value, *rest, bias=b if bias is None else bias + b, **kw)
+  return with_prior
 
 
 def _fused_attention(query, key, value, bias, mask, implementation):

@@ -29,15 +29,14 @@ cuDNN, blockwise, grouped-query attention).
 """
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from maskprior_jax.attention import MASK_PRIOR, MaskSettings, _checked_init, expand_mask, mask_shape
+from maskprior_jax.attention import (MASK_PRIOR, MaskSettings, _checked_init, expand_mask, mask_shape,
+                                     with_prior_bias)
 from maskprior_jax.optim import PRIOR_LEAF
 
 __all__ = ["MultiHeadDotProductAttention", "SelfAttention", "PRIOR_LEAF"]
@@ -58,15 +57,7 @@ class _PriorMixin(nn.Module):
     if self.mask_collection not in (MASK_PRIOR, "params"):
       raise ValueError(f"mask_collection must be {MASK_PRIOR!r} or 'params', not {self.mask_collection!r}")
     inner = self.attention_fn
-
-    @functools.wraps(inner)   # Flax filters the keywords it passes by this signature
-    def with_prior(query, key, value, *rest, bias=None, **kw):
-      prior = self._prior(query.shape[-3], key.shape[-3])
-      dtype = kw.get("dtype") or jnp.result_type(query.dtype, key.dtype)
-      prior = prior.astype(dtype)
-      return inner(query, key, value, *rest, bias=prior if bias is None else bias + prior, **kw)
-
-    object.__setattr__(self, "attention_fn", with_prior)   # for this call only
+    object.__setattr__(self, "attention_fn", with_prior_bias(inner, self._prior))   # for this call only
     try:
       return super().__call__(*args, **kwargs)
     finally:

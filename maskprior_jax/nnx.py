@@ -21,7 +21,6 @@ Gradients for it come from plain `nnx.grad(loss_fn)(model, batch)` (it is a `Par
 """
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -32,7 +31,7 @@ import optax
 from flax import nnx
 
 from maskprior_jax import optim
-from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init,
+from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init, with_prior_bias,
                                      _fused_attention, _grouped, _layout, decode_step, dropout_shape, expand_mask, mask_shape)
 
 __all__ = ["MaskPrior", "MaskPriorAttention", "MultiHeadAttention", "mask_prior_optimizer", "WRT"]
@@ -252,18 +251,15 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
       return super().__call__(*args, **kwargs)
     inner = self.attention_fn
 
-    @functools.wraps(inner)
-    def with_prior(query, key, value, *rest, bias=None, **kw):
-      q_len, kv_len = query.shape[-3], key.shape[-3]
+    def prior(q_len, kv_len):
       decoding = q_len == 1 and kv_len > 1 and self.cache_index is not None and self.cached_key is not None \
           and self.cached_key.shape[-3] == kv_len
-      prior = self.dense_bias(kv_len if decoding else q_len, kv_len)
+      dense = self.dense_bias(kv_len if decoding else q_len, kv_len)
       if decoding:   # Flax has already advanced the index past the token being decoded
-        prior = jax.lax.dynamic_slice_in_dim(prior, self.cache_index[...] - 1, 1, axis=-2)
-      prior = prior.astype(kw.get("dtype") or jnp.result_type(query.dtype, key.dtype))
-      return inner(query, key, value, *rest, bias=prior if bias is None else bias + prior, **kw)
+        dense = jax.lax.dynamic_slice_in_dim(dense, self.cache_index[...] - 1, 1, axis=-2)
+      return dense
 
-    self.attention_fn = with_prior   # for this call only
+    self.attention_fn = with_prior_bias(inner, prior)   # for this call only
     try:
       return super().__call__(*args, **kwargs)
     finally:
