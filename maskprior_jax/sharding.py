@@ -1,5 +1,6 @@
 """Device meshes and shardings shared by the training step, the multi-host helpers and the
-benchmarks: a 1-D "data" mesh, batch and replicated shardings, and the FSDP rule."""
+benchmarks: a 1-D "data" mesh (one run's batch split over devices), a 1-D "runs" mesh (whole runs
+spread over devices), batch, run and replicated shardings, and the FSDP rule."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -13,6 +14,37 @@ def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
   """A 1-D mesh named "data" over all (or the given) devices."""
   devices = np.asarray(list(devices) if devices is not None else jax.devices())
   return Mesh(devices, ("data",))
+
+
+def runs_mesh(num_runs: int, devices: Iterable[jax.Device] | None = None) -> Mesh | None:
+  """A 1-D mesh named "runs" that holds `num_runs` stacked runs, the same number on each device:
+  over the largest number of devices d that divides `num_runs`, with d/P devices of each of the P
+  processes (so every process holds whole runs, the same count each); None where that is fewer
+  than two devices (e.g. one run, or one device)."""
+  devices = list(devices) if devices is not None else list(jax.devices())
+  by_process: dict[int, list] = {}
+  for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
+    by_process.setdefault(d.process_index, []).append(d)
+  procs = sorted(by_process)
+  local = min(len(v) for v in by_process.values())
+  best = 0
+  for per in range(local, 0, -1):   # devices per process
+    if num_runs % (per * len(procs)) == 0:
+      best = per
+      break
+  if best * len(procs) < 2:
+    return None
+  return Mesh(np.asarray([d for p in procs for d in by_process[p][:best]]), ("runs",))
+
+
+def run_sharding(mesh: Mesh, run_axis: int = 0) -> NamedSharding:
+  """Shard the stacked run axis (after `run_axis` leading axes, e.g. a step axis) over "runs"."""
+  return NamedSharding(mesh, P(*([None] * run_axis), "runs"))
+
+
+def is_runs_mesh(mesh: Mesh | None) -> bool:
+  """True for a mesh made by `runs_mesh` (whole runs per device; nothing reduced across devices)."""
+  return mesh is not None and "runs" in mesh.axis_names
 
 
 def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:

@@ -28,11 +28,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from maskprior_jax import checkpoint as ckpt
 from maskprior_jax import distributed, faults, optim
-from maskprior_jax.sharding import batch_sharding, data_mesh, fsdp_sharding, replicated
+from maskprior_jax.sharding import (batch_sharding, data_mesh, fsdp_sharding, is_runs_mesh, replicated, run_sharding,
+                                    runs_mesh)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoopSettings", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
+__all__ = ["LoopSettings", "Placement", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
            "make_generating_train_step", "make_eval_step", "train_seeds", "stack_trees", "Progress",
            "data_mesh", "batch_sharding", "replicated", "fsdp_sharding", "GRAD_REDUCTIONS", "UPDATED_COLLECTIONS"]
 
@@ -71,6 +72,39 @@ def _key_data(rng):
 
 GRAD_REDUCTIONS = ("xla", "ordered")
 BATCH_SOURCES = ("host", "device")
+PARALLEL = ("auto", "runs", "data", "off")
+# "auto" spreads whole runs over devices up to this many parameters per run; a larger run has its
+# batch split over all devices instead (data parallel), where the collectives pay for themselves.
+RUNS_MAX_PARAMS = 50_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a loop's runs go. mode: "runs" (whole runs spread over the devices of `mesh`, the same
+  number on each; nothing is reduced across devices, so each run is computed as on one device),
+  "data" (every run's batch split over all devices of `mesh`), or "single" (one device, no mesh);
+  reason: why it was chosen."""
+  mode: str
+  mesh: Mesh | None
+  num_runs: int
+  reason: str
+
+  @property
+  def devices(self) -> int:
+    return 1 if self.mesh is None else int(self.mesh.devices.size)
+
+  def describe(self) -> str:
+    """The progress line's words, e.g. "run-parallel: 8 runs over 8 devices, 1 per device (auto: ...)"."""
+    if self.mode == "runs":
+      return (f"run-parallel: {self.num_runs} runs over {self.devices} devices, {self.num_runs // self.devices} "
+              f"per device ({self.reason})")
+    if self.mode == "data":
+      return f"data-parallel: each of {self.num_runs} runs' batch split over {self.devices} devices ({self.reason})"
+    return f"one device: {self.num_runs} runs ({self.reason})"
+
+  def record(self) -> dict:
+    """What results.json's environment keeps of it."""
+    return {"mode": self.mode, "devices": self.devices, "runs": self.num_runs, "reason": self.reason}
 SCHEDULES = ("constant", "cosine")
 DECAY_ON = ("all", "matrices")
 QK_MASK_DECAY = ("legacy", "none", "init")
@@ -108,6 +142,7 @@ class LoopSettings:
   fsdp: bool = False
   grad_reduction: str = "xla"
   batches: str = "host"
+  parallel: str = "auto"
   optimizer_name: str = "adamw"
   learning_rate: float = 1e-3
   weight_decay: float = 0.0
@@ -131,8 +166,13 @@ class LoopSettings:
       raise ValueError(f"train.grad_reduction must be {' or '.join(GRAD_REDUCTIONS)}, not {self.grad_reduction!r}")
     if self.batches not in BATCH_SOURCES:
       raise ValueError(f"train.batches must be {' or '.join(BATCH_SOURCES)}, not {self.batches!r}")
-    if self.fsdp and not self.data_parallel:
-      raise ValueError("train.fsdp shards the state over the data-parallel mesh: set train.data_parallel=true too")
+    if self.parallel not in PARALLEL:
+      raise ValueError(f"train.parallel must be {', '.join(PARALLEL)}, not {self.parallel!r}")
+    if self.data_parallel and self.parallel not in ("auto", "data"):
+      raise ValueError(f"train.data_parallel=true splits every batch over the devices: not with "
+                       f"train.parallel={self.parallel}")
+    if self.fsdp and not (self.data_parallel or self.parallel == "data"):
+      raise ValueError("train.fsdp shards the state over the data-parallel mesh: set train.parallel=data too")
     for name, value, allowed in (("train.schedule", self.schedule, SCHEDULES), ("train.decay_on", self.decay_on, DECAY_ON),
                                  ("train.qk_mask_decay", self.qk_mask_decay, QK_MASK_DECAY)):
       if value not in allowed:
@@ -183,7 +223,39 @@ class LoopSettings:
 
   def mesh(self) -> Mesh | None:
     """A mesh over all devices when data parallel (None otherwise)."""
-    return data_mesh() if self.data_parallel else None
+    return data_mesh() if (self.data_parallel or self.parallel == "data") else None
+
+  def placement(self, num_runs: int, params_per_run: int = 0) -> Placement:
+    """Where `num_runs` stacked runs of `params_per_run` parameters each train (`parallel`):
+    "data" (or `data_parallel`): every run's batch split over all devices; "runs": whole runs
+    spread over the devices (`sharding.runs_mesh`: the largest device count that divides the
+    runs, equally over the processes); "off": one device; "auto": runs where there are several
+    devices, several runs and at most `RUNS_MAX_PARAMS` parameters per run, data parallel for a
+    larger model (or where one run must span several processes), else one device."""
+    n, procs = jax.device_count(), jax.process_count()
+    mode = "data" if self.data_parallel else self.parallel
+    if mode == "data":
+      return Placement("data", data_mesh(), num_runs, "train.parallel=data")
+    if mode == "off":
+      if procs > 1:
+        raise ValueError("train.parallel=off: one device, but this is one of several processes")
+      return Placement("single", None, num_runs, "train.parallel=off")
+    mesh = runs_mesh(num_runs)
+    if mode == "runs":
+      if mesh is None and procs > 1:
+        raise ValueError(f"train.parallel=runs: {num_runs} runs cannot be split evenly over {procs} processes")
+      if mesh is None:
+        return Placement("single", None, num_runs, f"train.parallel=runs, but {num_runs} run(s) on {n} device(s)")
+      return Placement("runs", mesh, num_runs, "train.parallel=runs")
+    if n == 1:
+      return Placement("single", None, num_runs, "auto: one device")
+    if params_per_run > RUNS_MAX_PARAMS or mesh is None:
+      why = (f"{params_per_run:,} parameters per run" if params_per_run > RUNS_MAX_PARAMS
+             else f"{num_runs} run(s) do not split over the devices")
+      if procs > 1 or (params_per_run > RUNS_MAX_PARAMS and self.batch_size % n == 0):
+        return Placement("data", data_mesh(), num_runs, f"auto: {why}")
+      return Placement("single", None, num_runs, f"auto: {why}; a batch of {self.batch_size} is too small to split")
+    return Placement("runs", mesh, num_runs, f"auto: {n} devices, {params_per_run:,} parameters per run")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,15 +328,21 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
     independent runs share one compiled program.
   steps_per_call > 1: `batch` carries a leading axis of that many steps, run with lax.scan
     (metrics come back stacked).
-  mesh: batches are sharded over its "data" axis and the state replicated, or sharded as
-    `state_sharding` says (e.g. `fsdp_sharding(state, mesh)` for large models: XLA gathers
-    each weight where it is used and reduce-scatters its gradient).
+  mesh: a "data" mesh (`sharding.data_mesh`): batches are sharded over its "data" axis and the
+    state replicated, or sharded as `state_sharding` says (e.g. `fsdp_sharding(state, mesh)` for
+    large models: XLA gathers each weight where it is used and reduce-scatters its gradient). A
+    "runs" mesh (`sharding.runs_mesh`, with `seed_axis`): state, batch and metrics are sharded on
+    their run axis, each device steps its own runs and nothing crosses devices.
   grad_reduction: "xla" (XLA's all-reduce of the gradient) or "ordered" (with a mesh: each
     device's gradient gathered and summed in a fixed order, so the state is bit for bit the
     same however the mesh's devices are spread over processes; costs a gather of every
     device's gradient, so not with a sharded state; see `_ordered_value_and_grad`).
   """
-  step = step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction, state_sharding))
+  runs = is_runs_mesh(mesh)
+  if runs and not seed_axis:
+    raise ValueError("a runs mesh shards the stacked run axis: make_train_step(seed_axis=True)")
+  step = step_fn(loss_fn, tx, value_and_grad=None if runs else _value_and_grad(loss_fn, mesh, grad_reduction,
+                                                                                state_sharding))
   if seed_axis:
     step = jax.vmap(step)
   if steps_per_call > 1:
@@ -273,12 +351,28 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: 
     def step(state, batches):
       return jax.lax.scan(single, state, batches)
   kwargs = {}
-  if mesh is not None:
+  if runs:
+    lead = int(steps_per_call > 1)
+    step = _per_device(step, mesh, (P("runs"), P(*[None] * lead, "runs")), (P("runs"), P(*[None] * lead, "runs")))
+    kwargs = dict(in_shardings=(run_sharding(mesh), run_sharding(mesh, lead)),
+                  out_shardings=(run_sharding(mesh), run_sharding(mesh, lead)))
+  elif mesh is not None:
     lead = int(seed_axis) + int(steps_per_call > 1)
     state_spec = replicated(mesh) if state_sharding is None else state_sharding
     kwargs = dict(in_shardings=(state_spec, batch_sharding(mesh, lead)),
                   out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
+
+
+def _per_device(fn, mesh: Mesh, in_specs, out_specs):
+  """`fn` run on every device of a "runs" mesh on that device's own runs (shard_map): the program
+  each device runs is `fn` at its local run count, with nothing exchanged between devices, so a
+  device's runs come out as the same runs would on one device holding just those runs."""
+  shard_map = getattr(jax, "shard_map", None)
+  if shard_map is None:   # JAX before 0.7
+    from jax.experimental.shard_map import shard_map
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+  return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 def _value_and_grad(loss_fn: LossFn, mesh: Mesh | None, grad_reduction: str, state_sharding):
@@ -304,21 +398,37 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   `steps_per_call` steps (metrics stacked on a leading step axis). With a `mesh`, every run's
   batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
   partitionable threefry gives the same numbers whatever the sharding). `grad_reduction` as in
-  `make_train_step`."""
-  step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=_value_and_grad(loss_fn, mesh, grad_reduction,
-                                                                       state_sharding)))
+  `make_train_step`. With a "runs" mesh each device draws and steps only its own runs."""
+  by_run = is_runs_mesh(mesh)
+  step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=None if by_run else _value_and_grad(
+      loss_fn, mesh, grad_reduction, state_sharding)))
   runs = jnp.arange(num_runs, dtype=jnp.int32)
 
   def one(state, i):
     batch = jax.vmap(device_batch_fn, in_axes=(None, 0))(i, runs)
     if mesh is not None:
-      batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh, 1))
+      batch = jax.lax.with_sharding_constraint(batch, run_sharding(mesh) if by_run else batch_sharding(mesh, 1))
     return step(state, batch)
 
   def call(state, first_step):
     return jax.lax.scan(one, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
+
+  if by_run:   # each device draws and steps its own runs: the run indices are sharded with the state
+    def one_local(state, i, local_runs):
+      return step(state, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, local_runs))
+
+    def local_call(state, first_step, local_runs):
+      steps = first_step + jnp.arange(steps_per_call, dtype=jnp.int32)
+      return jax.lax.scan(lambda st, i: one_local(st, i, local_runs), state, steps)
+    sharded = _per_device(local_call, mesh, (P("runs"), P(), P("runs")), (P("runs"), P(None, "runs")))
+
+    def call(state, first_step):
+      return sharded(state, first_step, runs)
   kwargs = {}
-  if mesh is not None:
+  if by_run:
+    kwargs = dict(in_shardings=(run_sharding(mesh), replicated(mesh)),
+                  out_shardings=(run_sharding(mesh), run_sharding(mesh, 1)))
+  elif mesh is not None:
     state_spec = replicated(mesh) if state_sharding is None else state_sharding
     kwargs = dict(in_shardings=(state_spec, replicated(mesh)), out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
@@ -362,6 +472,22 @@ class Progress:
       print(line, file=self.stream, flush=True)
 
 
+def num_params(variables: dict) -> int:
+  """Number of elements over the leaves of a variable tree (one run's)."""
+  return int(sum(np.prod(np.shape(a), dtype=np.int64) for a in jax.tree.leaves(variables)))
+
+
+def _put(tree, sharding):
+  """`tree` (the same values in every process) placed with `sharding`, which may span processes."""
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def one(a):
+    host = np.asarray(jax.device_get(a))
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+  return jax.tree.map(one, tree)
+
+
 def stack_trees(trees: Sequence[Any]) -> Any:
   """Stack pytrees of the same structure along a new leading (seed) axis."""
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
@@ -377,7 +503,7 @@ def _host(d: dict) -> dict:
 def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables: Sequence[dict],
                 seeds: Sequence[int], batches: Callable[..., Any] | DeviceBatches, settings: LoopSettings,
                 eval_fn: Callable[[int, dict], dict], label: str = "", checkpointer=None,
-                mesh: Mesh | None = None) -> tuple[TrainState, list[dict]]:
+                mesh: Mesh | None = None, placement: Placement | None = None) -> tuple[TrainState, list[dict]]:
   """The training loop: one run per seed, all seeds in a single vmapped program, for
   `settings.steps` steps (`settings.steps_per_call` per compiled call).
 
@@ -388,7 +514,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   builds only its own rows (otherwise the global batch is built and the process's rows sliced
   out). Or `DeviceBatches(fn)`: batches drawn inside the compiled step
   (`make_generating_train_step`; `fn(step, run)`, run = index into `seeds`).
-  mesh: default `settingloop.mesh()` (all devices when `settings.data_parallel`). With a mesh,
+  placement: where the runs go (default `settings.placement(len(seeds), parameters per run)`, or
+  from `mesh` where one is given); the progress log says which. Run-parallel (a "runs" mesh): each
+  device holds and steps whole runs, each process builds only its own runs' host batches, and no
+  value crosses devices inside the step, so every run is computed as it would be alone.
+  mesh: a "data" mesh (or a "runs" mesh, as above). With a "data" mesh,
   every seed's batch is split over its "data" axis (data parallel, the state replicated); the
   batch size must divide by its size, and each process feeds only its rows of the global batch
   (`distributed.process_slice`). With `settings.fsdp` as well, large state leaves are split over
@@ -412,11 +542,20 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   loop = settings
   steps, steps_per_call, log_every = loop.steps, loop.steps_per_call, loop.log_every
   eval_every, checkpoint_every = loop.eval_every or loop.steps, loop.checkpoint_every
-  mesh = mesh if mesh is not None else loop.mesh()
+  if placement is None:
+    if mesh is not None:
+      placement = Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds), "given mesh")
+    else:
+      placement = loop.placement(len(seeds), num_params(variables[0]))
+  mesh, by_run = placement.mesh, placement.mode == "runs"
+  if by_run and len(seeds) % placement.devices:
+    raise ValueError(f"{len(seeds)} runs do not split evenly over the {placement.devices} devices of the runs mesh")
+  if distributed.is_main_process():
+    logger.info("[%s] %s", label, placement.describe())
   device_batch_fn = batches.fn if isinstance(batches, DeviceBatches) else None
   batch_fn = None if device_batch_fn is not None else batches
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
-  state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp) else None
+  state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp and not by_run) else None
   if device_batch_fn is not None:
     call = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
                                          mesh=mesh, state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
@@ -424,9 +563,13 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     call = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
                               state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
-  builds_part = mesh is not None and batch_fn is not None and "part" in inspect.signature(batch_fn).parameters
+  builds_part = (mesh is not None and not by_run and batch_fn is not None
+                 and "part" in inspect.signature(batch_fn).parameters)
+  own_runs = list(seeds)[distributed.process_slice(len(seeds))] if by_run else list(seeds)
 
   def host_batch(step):
+    if by_run:
+      return batch_fn(step, own_runs)   # this process's runs only, whole
     if builds_part:
       return batch_fn(step, seeds, part=distributed.process_part())   # this process's rows only
     return batch_fn(step, seeds)
@@ -434,11 +577,16 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   def place(batch):
     if mesh is None:
       return batch
+    if by_run:
+      sharding = run_sharding(mesh, lead - 1)
+      return jax.tree.map(lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), batch)
     local = batch if builds_part else jax.tree.map(
         lambda a: np.asarray(a)[(slice(None),) * lead + (distributed.process_slice(a.shape[lead]),)], batch)
     return distributed.global_batch(local, mesh, lead)
   done, history = 0, None
-  if mesh is not None:
+  if by_run:
+    states = _put(states, run_sharding(mesh))
+  elif mesh is not None:
     states = jax.device_put(states, state_sharding or replicated(mesh))
   if checkpointer is not None:
     # Restored straight into the state's sharding: with several processes each reads its shards.
@@ -473,7 +621,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
 
   def check_finite():
     """At a sync point: stop if any seed met a non-finite loss (its state is the last good one)."""
-    bad = np.asarray(jax.device_get(states.nonfinite_at)).reshape(-1)
+    bad = distributed.host_tree(states.nonfinite_at).reshape(-1)
     if np.any(bad >= 0):
       first = int(bad[bad >= 0].min())
       raise NonFiniteLoss(f"[{label}] loss became non-finite between steps {first} and {first + 1}; "
@@ -511,10 +659,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           continue
         check_finite()
         if log_now:
-          loss = np.asarray(jax.device_get(metrics["loss"]))
+          loss = distributed.host_tree(metrics["loss"])
           progress.update(done, {"loss": loss[-1] if loss.ndim > 1 else loss})
           if log_train is not None:
-            row = {k: np.asarray(jax.device_get(v)) / window_steps for k, v in window.items()}
+            row = {k: v / window_steps for k, v in distributed.host_tree(window).items()}
             log_train(done, {**row, "learning_rate": loop.learning_rate_at(done)})
             window, window_steps = None, 0
         if eval_now:

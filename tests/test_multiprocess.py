@@ -199,3 +199,29 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
   assert res["environment"]["processes"] == 2 and res["environment"]["distributed"] == "detected: slurm"
   assert len(res["environment"]["devices"]) == 4
   assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]
+
+
+RUNS_ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "8", "--config.train.parallel=runs",
+             "--config.train.steps=100", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
+             "--config.checkpoint.every_steps=50", "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+
+
+def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
+  """8 runs, one per device: 2 processes x 4 devices (each process holds and steps its own 4 runs)
+  end on the states of 1 process x 8 devices bit for bit; nothing is reduced across devices."""
+  one = tmp_path / "one"
+  subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(one)],
+                 env=_env(8), check=True, capture_output=True, timeout=900)
+  two = tmp_path / "two"
+  port = _port()
+  procs = [subprocess.Popen([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(two),
+                             "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+                             "--process_id", str(i)], env=_env(4), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = _finish(procs)
+  assert "run-parallel: 8 runs over 8 devices, 1 per device" in outs[0][1]
+  a, b = _results(one), _results(two)
+  assert (a["environment"]["processes"], b["environment"]["processes"]) == (1, 2)
+  assert a["environment"]["placement"]["mask"]["mode"] == b["environment"]["placement"]["mask"]["mode"] == "runs"
+  assert [r["state_sha256"] for r in b["runs"]] == [r["state_sha256"] for r in a["runs"]]
+  assert b["runs"] == a["runs"]

@@ -210,7 +210,7 @@ def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_sha
     expected, _ = step(expected, batch_fn(i, seeds))
   state, history = train.train_seeds(
       loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batches=batch_fn,
-      settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=1, eval_every=2, log_every=3),
+      settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=1, eval_every=2, log_every=3, parallel="off"),
       eval_fn=lambda s, v: {"loss0": jax.vmap(lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop")
   assert [h["step"] for h in history] == [0, 2, 4, 6] and all(np.all(np.isfinite(h["loss0"])) for h in history)
   for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):

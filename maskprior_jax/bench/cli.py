@@ -30,9 +30,9 @@ def cmd_benchmark(args) -> int:
   command = _command(args.command)
   cfg = apply_overrides(load_config_file(args.config) if args.config else builtin_config(args.command), args.overrides)
   import jax
-  if jax.process_count() > 1 and not cfg.train.data_parallel:
-    raise UsageError(f"{jax.process_count()} processes train one run together: add "
-                     "--config.train.data_parallel=True (each process then feeds its share of every batch)")
+  if jax.process_count() > 1 and cfg.train.parallel == "off" and not cfg.train.data_parallel:
+    raise UsageError(f"train.parallel=off trains on one device, but this is one of {jax.process_count()} processes: "
+                     "use --config.train.parallel=auto, runs or data")
   methods = parse_list(args.methods, command.methods, "method")
   seeds = parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)

@@ -208,11 +208,12 @@ def hparams(cfg, method: str) -> dict:
 def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: str | os.PathLike):
   """Train one method's runs in one vmapped program, with the persistence measurements; every
   evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
-  Returns (final stacked state on the host, eval history, per-run init info)."""
+  Returns (final stacked state on the host, eval history, per-run init info, `train.Placement`)."""
   settings = bench.settings_for(method)
   inits = [initial_variables(method, model, bench, r.seed) for r in runs]
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
-  mesh = settings.mesh()
+  placement = settings.placement(len(runs), train.num_params(inits[0][0]))
+  mesh = placement.mesh
   evaluate = _evaluator(model, bench, runs, init0, mesh, bench.probe_for(method))
   where = workdir_lib.path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
   tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where, hparams=hparams(bench.cfg, method),
@@ -239,7 +240,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
     state, history = train.train_seeds(
         loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
         seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=Observer(),
-        label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=mesh)
+        label=f"{bench.name}/{method}", checkpointer=checkpointer, placement=placement)
     trained = True
   finally:
     closed = False
@@ -249,7 +250,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
     finally:   # a failure already on its way (e.g. a full disk) is the one reported, not the events'
       tensorboard.close(report_errors=trained and closed)
   # On the host in every process: what comes next (test metrics, digests) reads it locally.
-  return distributed.host_tree(state), history, [i for _, i in inits]
+  return distributed.host_tree(state), history, [i for _, i in inits], placement
 
 
 def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: str | os.PathLike, log=print,
@@ -272,7 +273,9 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
     timer = results_lib.Timer()
     runs = bench.runs(todo)
     model = bench.model(method)
-    state, history, infos = train_method(method, model, bench, runs, workdir)
+    state, history, infos, placement = train_method(method, model, bench, runs, workdir)
+    # Where the runs went (run-parallel, data parallel or one device) and on how many devices.
+    results.setdefault("environment", {}).setdefault("placement", {})[method] = placement.record()
     for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, state.variables, runs, history))):
       results["runs"].append(results_lib.RunRecord(
           method=method, seed=int(r.seed), metrics=metrics,

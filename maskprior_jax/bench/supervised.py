@@ -165,6 +165,32 @@ class Supervised(runner.Benchmark):
       return train.stack_trees(out) if len(out) > 1 else jax.tree.map(lambda a: a[None], out[0])
     return batch_fn
 
+  def device_batches(self, runs):
+    """The same kind of draw inside the compiled step (train.batches=device): the training set
+    (images, or the text) is held on the device once and each step's rows are drawn with a key
+    folded from the run's seed and the step, so a resumed run sees the batches it would have seen.
+    A different stream from the host batches (numpy's generator): a different run."""
+    pb, bs, L, is_lm = self.pb, self.settings.batch_size, self.pb.seq, self.is_lm
+    run_seeds = np.asarray([r.seed for r in runs], np.int32)
+    if is_lm:
+      text = np.asarray(pb.train_text)
+    else:
+      xs, ys = np.asarray(pb.train_x), np.asarray(pb.train_y)
+      masks = None if pb.train_mask is None else np.asarray(pb.train_mask)
+
+    def device_batch_fn(step, run):
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), jnp.asarray(run_seeds)[run]), step)
+      if is_lm:
+        starts = jax.random.randint(key, (bs,), 0, len(text) - L - 1)
+        win = jnp.asarray(text)[starts[:, None] + jnp.arange(L + 1)[None]]
+        return {"x": win[:, :-1], "y": win[:, 1:]}
+      idx = jax.random.randint(key, (bs,), 0, len(xs))
+      batch = {"x": jnp.asarray(xs)[idx], "y": jnp.asarray(ys)[idx]}
+      if masks is not None:
+        batch["mask"] = jnp.asarray(masks)[idx]
+      return batch
+    return device_batch_fn
+
   def eval_metrics(self, model):
     ev_x, ev_y, ev_mask = self.ev
     is_lm = self.is_lm
