@@ -503,7 +503,7 @@ def _host(d: dict) -> dict:
 def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables: Sequence[dict],
                 seeds: Sequence[int], batches: Callable[..., Any] | DeviceBatches, settings: LoopSettings,
                 eval_fn: Callable[[int, dict], dict], label: str = "", checkpointer=None,
-                mesh: Mesh | None = None, placement: Placement | None = None) -> tuple[TrainState, list[dict]]:
+                mesh: Mesh | Placement | None = None) -> tuple[TrainState, list[dict]]:
   """The training loop: one run per seed, all seeds in a single vmapped program, for
   `settings.steps` steps (`settings.steps_per_call` per compiled call).
 
@@ -514,11 +514,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   builds only its own rows (otherwise the global batch is built and the process's rows sliced
   out). Or `DeviceBatches(fn)`: batches drawn inside the compiled step
   (`make_generating_train_step`; `fn(step, run)`, run = index into `seeds`).
-  placement: where the runs go (default `settings.placement(len(seeds), parameters per run)`, or
-  from `mesh` where one is given); the progress log says which. Run-parallel (a "runs" mesh): each
+  mesh: where the runs go: a `Placement`, or a mesh, or None for `settings.placement(len(seeds),
+  parameters per run)`; the progress log says which. Run-parallel (a "runs" mesh): each
   device holds and steps whole runs, each process builds only its own runs' host batches, and no
   value crosses devices inside the step, so every run is computed as it would be alone.
-  mesh: a "data" mesh (or a "runs" mesh, as above). With a "data" mesh,
+  With a "data" mesh,
   every seed's batch is split over its "data" axis (data parallel, the state replicated); the
   batch size must divide by its size, and each process feeds only its rows of the global batch
   (`distributed.process_slice`). With `settings.fsdp` as well, large state leaves are split over
@@ -542,11 +542,12 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   loop = settings
   steps, steps_per_call, log_every = loop.steps, loop.steps_per_call, loop.log_every
   eval_every, checkpoint_every = loop.eval_every or loop.steps, loop.checkpoint_every
-  if placement is None:
-    if mesh is not None:
-      placement = Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds), "given mesh")
-    else:
-      placement = loop.placement(len(seeds), num_params(variables[0]))
+  if isinstance(mesh, Placement):
+    placement = mesh
+  elif mesh is not None:
+    placement = Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds), "given mesh")
+  else:
+    placement = loop.placement(len(seeds), num_params(variables[0]))
   mesh, by_run = placement.mesh, placement.mode == "runs"
   if by_run and len(seeds) % placement.devices:
     raise ValueError(f"{len(seeds)} runs do not split evenly over the {placement.devices} devices of the runs mesh")
@@ -638,6 +639,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       return multihost_utils.reached_preemption_sync_point(next(_SYNC_IDS))
     return sigterm.raised
 
+  first_done, t_first = None, None   # the loop's own timing: from the end of the first call (compiled)
   try:
     with ckpt.SigtermFlag(install=not several) as sigterm:
       while done < steps:
@@ -649,6 +651,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
           states, metrics = call(states, place(batch))
         done += steps_per_call
+        if t_first is None:
+          first_done, t_first = done, time.perf_counter()
         if log_train is not None:
           add_window(metrics)
         faults.point("step")
@@ -675,4 +679,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   finally:
     if checkpointer is not None:
       checkpointer.wait()  # a pending async save reaches disk whatever ends the loop
+  if t_first is not None and done > first_done and distributed.is_main_process():
+    elapsed = time.perf_counter() - t_first
+    logger.info("[%s] loop: %d steps in %.2f s after the first (compiling) call, %.1f steps/s with logging, "
+                "evaluation and checkpoints", label, done - first_done, elapsed, (done - first_done) / elapsed)
   return states, history

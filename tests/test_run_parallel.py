@@ -61,7 +61,7 @@ def _train(seeds, batches, mesh=None, placement=None, checkpointer=None, setting
   settings = settings or _settings()
   state, _ = train.train_seeds(loss_fn=_loss, tx=optax.adam(1e-2), variables=[_variables(s) for s in seeds],
                                seeds=seeds, batches=batches, settings=settings, eval_fn=lambda step, v: {},
-                               mesh=mesh, placement=placement, checkpointer=checkpointer)
+                               mesh=placement or mesh, checkpointer=checkpointer)
   return jax.device_get(state)
 
 

@@ -240,7 +240,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
     state, history = train.train_seeds(
         loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
         seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=Observer(),
-        label=f"{bench.name}/{method}", checkpointer=checkpointer, placement=placement)
+        label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=placement)
     trained = True
   finally:
     closed = False

@@ -1,0 +1,160 @@
+"""Loop efficiency: the training loop as the `maskprior` commands run it, against its compiled step alone.
+
+For each benchmark's default config (the mask method, `--seeds` runs, the default cadences of
+logging, evaluation, checkpoints and TensorBoard; `runner.run`, what every `maskprior` command
+calls): the loop's steps/s (the loop's own timing, from the end of its first, compiling call to its
+end, every evaluation, log line and checkpoint included) divided by the steps/s of the same
+compiled step with device batches, called back to back with nothing else. Both batch sources are
+measured (`host`: numpy batches built every step, the configs' default; `device`). Then run
+scaling: run-steps/s (steps/s x stacked runs) of the Boolean default's step for 1, 5, 20 and 80
+stacked runs. One JSON line per measurement; `--markdown` prints the tables.
+
+  python experiments/loop_efficiency.py --out experiments/results/loop_efficiency/cpu.jsonl
+  python experiments/loop_efficiency.py --markdown experiments/results/loop_efficiency/cpu.jsonl
+"""
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import platform
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from maskprior_jax import sharding, train
+from maskprior_jax.bench import config as C
+from maskprior_jax.bench import runner
+
+BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
+LOOP_LINE = re.compile(r"loop: (\d+) steps in ([\d.]+) s")
+
+
+def make_bench(name, seeds):
+  cfg = C.builtin_config(name)
+  if name == "boolean":
+    from maskprior_jax.bench.boolean import run, tasks
+    return run.BooleanTask(tasks.TASKS["f2_2parity"], cfg)
+  if name == "arithmetic":
+    from maskprior_jax.bench.arithmetic.run import Arithmetic
+    return Arithmetic(cfg, seeds)
+  from maskprior_jax.bench import supervised
+  module = __import__(f"maskprior_jax.bench.{name}.run", fromlist=["load_problem"])
+  return supervised.Supervised(cfg, module.load_problem(cfg))
+
+
+class _LoopLines(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+def loop_rate(name, seeds, batches, steps):
+  """Steps/s of the loop as `runner.run` drives it, from the loop's own timing line."""
+  bench = make_bench(name, seeds)
+  bench.settings = dataclasses.replace(bench.settings, batches=batches, **({"steps": steps} if steps else {}))
+  handler = _LoopLines()
+  log = logging.getLogger("maskprior_jax.train")
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  try:
+    with tempfile.TemporaryDirectory() as work:
+      t0 = time.perf_counter()
+      runner.run(bench, ["mask"], seeds, pathlib.Path(work), log=lambda *a: None)
+      total = time.perf_counter() - t0
+  finally:
+    log.removeHandler(handler)
+  found = [m for m in map(LOOP_LINE.search, handler.lines) if m]
+  n, s = int(found[-1].group(1)), float(found[-1].group(2))
+  return bench, {"loop_steps": n, "loop_s": s, "loop_steps_per_s": n / s, "command_s": total,
+                 "steps": bench.settings.steps, "eval_every": bench.settings.eval_every,
+                 "checkpoint_every": bench.settings.checkpoint_every, "log_every": bench.settings.log_every}
+
+
+def step_rate(bench, num_runs, calls):
+  """Steps/s of the compiled step (device batches) called back to back, nothing else."""
+  settings = bench.settings
+  runs = bench.runs(list(range(num_runs)))
+  model = bench.model("mask")
+  tx = settings.optimizer()
+  inits = [runner.initial_variables("mask", model, bench, r.seed)[0] for r in runs]
+  placement = settings.placement(len(runs), train.num_params(inits[0]))
+  state = train.stack_trees([train.create_state(v, tx, jax.random.key(r.key)) for v, r in zip(inits, runs)])
+  if placement.mode == "runs":
+    state = jax.device_put(state, sharding.run_sharding(placement.mesh))
+  step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), len(runs),
+                                          steps_per_call=settings.steps_per_call, mesh=placement.mesh)
+  state, m = step(state, np.int32(0))   # compile
+  jax.block_until_ready(state)
+  t0 = time.perf_counter()
+  for i in range(1, calls + 1):
+    state, m = step(state, np.int32(i * settings.steps_per_call))
+  jax.block_until_ready((state, m))
+  dt = time.perf_counter() - t0
+  return {"step_steps_per_s": calls * settings.steps_per_call / dt, "placement": placement.mode,
+          "devices": placement.devices}
+
+
+def env():
+  return {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "devices": jax.device_count(), "cpus": os.cpu_count(), "jax": jax.__version__,
+          "machine": platform.processor() or platform.machine()}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+  p.add_argument("--seeds", type=int, default=3, help="runs per loop (the commands' default: 3)")
+  p.add_argument("--steps", type=int, default=0, help="train.steps (0: the config's default)")
+  p.add_argument("--calls", type=int, default=10, help="calls of the bare step per timing")
+  p.add_argument("--runs", default="1,5,20,80", help="stacked runs for the scaling table (Boolean default)")
+  p.add_argument("--out", help="append JSON lines here (default: stdout)")
+  p.add_argument("--markdown", help="print the tables of a JSON-lines file and exit")
+  a = p.parse_args()
+  if a.markdown:
+    print(markdown([json.loads(line) for line in open(a.markdown)]))
+    return
+  out = open(a.out, "a") if a.out else sys.stdout
+  seeds = list(range(a.seeds))
+  for name in a.benchmarks.split(","):
+    for batches in ("host", "device"):
+      bench, loop = loop_rate(name, seeds, batches, a.steps)
+      bare = step_rate(bench, len(seeds), a.calls)
+      row = {"kind": "loop", "benchmark": name, "batches": batches, "seeds": len(seeds), **loop, **bare,
+             "efficiency": loop["loop_steps_per_s"] / bare["step_steps_per_s"], **env()}
+      print(json.dumps(row), file=out, flush=True)
+  bench = make_bench("boolean", [0])
+  for r in (int(t) for t in a.runs.split(",") if t):
+    bare = step_rate(bench, r, a.calls)
+    print(json.dumps({"kind": "scaling", "benchmark": "boolean", "runs": r, **bare,
+                      "run_steps_per_s": r * bare["step_steps_per_s"], **env()}), file=out, flush=True)
+
+
+def markdown(rows):
+  lines = ["| benchmark | batches | runs | loop steps/s | bare step steps/s | efficiency | placement |",
+           "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    if r["kind"] == "loop":
+      lines.append(f"| {r['benchmark']} | {r['batches']} | {r['seeds']} | {r['loop_steps_per_s']:.1f} | "
+                   f"{r['step_steps_per_s']:.1f} | {r['efficiency']:.2f} | {r['placement']} x{r['devices']} |")
+  lines += ["", "| stacked runs (Boolean default) | steps/s | run-steps/s | placement |", "|---|---|---|---|"]
+  for r in rows:
+    if r["kind"] == "scaling":
+      lines.append(f"| {r['runs']} | {r['step_steps_per_s']:.1f} | {r['run_steps_per_s']:.0f} | "
+                   f"{r['placement']} x{r['devices']} |")
+  first = rows[0]
+  lines += ["", f"Measured on {first['device_kind']} ({first['backend']}, {first['devices']} device(s), "
+            f"{first['cpus']} CPU cores), JAX {first['jax']}."]
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
