@@ -32,7 +32,7 @@ from maskprior_jax.bench import config as C
 from maskprior_jax.bench import runner
 
 BENCHMARKS = ("boolean", "arithmetic", "vision", "language")
-LOOP_LINE = re.compile(r"loop: (\d+) steps in ([\d.]+) s")
+LOOP_LINE = re.compile(r"loop: (\d+) steps in ([\d.]+) s.*evaluation ([\d.]+) s, checkpoints ([\d.]+) s")
 
 
 def make_bench(name, seeds):
@@ -73,14 +73,16 @@ def loop_rate(name, seeds, batches, steps):
   finally:
     log.removeHandler(handler)
   found = [m for m in map(LOOP_LINE.search, handler.lines) if m]
-  n, s = int(found[-1].group(1)), float(found[-1].group(2))
-  return bench, {"loop_steps": n, "loop_s": s, "loop_steps_per_s": n / s, "command_s": total,
+  n, s, ev, ck = int(found[-1].group(1)), float(found[-1].group(2)), float(found[-1].group(3)), float(found[-1].group(4))
+  return bench, {"loop_steps": n, "loop_s": s, "loop_steps_per_s": n / s, "evaluation_s": ev, "checkpoint_s": ck,
+                 "loop_steps_per_s_without_evaluation": n / (s - ev), "command_s": total,
                  "steps": bench.settings.steps, "eval_every": bench.settings.eval_every,
                  "checkpoint_every": bench.settings.checkpoint_every, "log_every": bench.settings.log_every}
 
 
-def step_rate(bench, num_runs, calls):
-  """Steps/s of the compiled step (device batches) called back to back, nothing else."""
+def step_rate(bench, num_runs, calls, repeats=3):
+  """Steps/s of the compiled step (device batches) called back to back, nothing else: the median of
+  `repeats` timings of `calls` calls each."""
   settings = bench.settings
   runs = bench.runs(list(range(num_runs)))
   model = bench.model("mask")
@@ -94,12 +96,15 @@ def step_rate(bench, num_runs, calls):
                                           steps_per_call=settings.steps_per_call, mesh=placement.mesh)
   state, m = step(state, np.int32(0))   # compile
   jax.block_until_ready(state)
-  t0 = time.perf_counter()
-  for i in range(1, calls + 1):
-    state, m = step(state, np.int32(i * settings.steps_per_call))
-  jax.block_until_ready((state, m))
-  dt = time.perf_counter() - t0
-  return {"step_steps_per_s": calls * settings.steps_per_call / dt, "placement": placement.mode,
+  rates, done = [], 1
+  for _ in range(repeats):   # the median of several timings: a shared CPU's speed drifts
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      state, m = step(state, np.int32(done * settings.steps_per_call))
+      done += 1
+    jax.block_until_ready((state, m))
+    rates.append(calls * settings.steps_per_call / (time.perf_counter() - t0))
+  return {"step_steps_per_s": float(np.median(rates)), "step_steps_per_s_each": rates, "placement": placement.mode,
           "devices": placement.devices}
 
 
@@ -129,7 +134,9 @@ def main():
       bench, loop = loop_rate(name, seeds, batches, a.steps)
       bare = step_rate(bench, len(seeds), a.calls)
       row = {"kind": "loop", "benchmark": name, "batches": batches, "seeds": len(seeds), **loop, **bare,
-             "efficiency": loop["loop_steps_per_s"] / bare["step_steps_per_s"], **env()}
+             "efficiency": loop["loop_steps_per_s"] / bare["step_steps_per_s"],
+             "efficiency_without_evaluation": loop["loop_steps_per_s_without_evaluation"] / bare["step_steps_per_s"],
+             **env()}
       print(json.dumps(row), file=out, flush=True)
   bench = make_bench("boolean", [0])
   for r in (int(t) for t in a.runs.split(",") if t):
@@ -139,12 +146,14 @@ def main():
 
 
 def markdown(rows):
-  lines = ["| benchmark | batches | runs | loop steps/s | bare step steps/s | efficiency | placement |",
-           "|---|---|---|---|---|---|---|"]
+  lines = ["| benchmark | batches | runs | loop steps/s | bare step steps/s (median; each timing) | efficiency | evaluation share of the loop | "
+           "efficiency without the evaluation's compute | placement |", "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     if r["kind"] == "loop":
       lines.append(f"| {r['benchmark']} | {r['batches']} | {r['seeds']} | {r['loop_steps_per_s']:.1f} | "
-                   f"{r['step_steps_per_s']:.1f} | {r['efficiency']:.2f} | {r['placement']} x{r['devices']} |")
+                   f"{r['step_steps_per_s']:.1f} ({', '.join(f'{x:.1f}' for x in r.get('step_steps_per_s_each', []))}) | "
+                   f"{r['efficiency']:.2f} | {r['evaluation_s'] / r['loop_s']:.2f} | "
+                   f"{r['efficiency_without_evaluation']:.2f} | {r['placement']} x{r['devices']} |")
   lines += ["", "| stacked runs (Boolean default) | steps/s | run-steps/s | placement |", "|---|---|---|---|"]
   for r in rows:
     if r["kind"] == "scaling":

@@ -640,6 +640,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     return sigterm.raised
 
   first_done, t_first = None, None   # the loop's own timing: from the end of the first call (compiled)
+  spent = {"evaluation": 0.0, "checkpoints": 0.0}
   try:
     with ckpt.SigtermFlag(install=not several) as sigterm:
       while done < steps:
@@ -651,7 +652,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
           states, metrics = call(states, place(batch))
         done += steps_per_call
-        if t_first is None:
+        if t_first is None:   # the timing starts once the first (compiling) call has run
+          jax.block_until_ready(states)
           first_done, t_first = done, time.perf_counter()
         if log_train is not None:
           add_window(metrics)
@@ -670,10 +672,14 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
             log_train(done, {**row, "learning_rate": loop.learning_rate_at(done)})
             window, window_steps = None, 0
         if eval_now:
+          t0 = time.perf_counter()
           history.append({"step": done, **_host(eval_fn(done, states.variables))})
+          spent["evaluation"] += time.perf_counter() - t0
           faults.point("eval")
         if save_now:
+          t0 = time.perf_counter()
           save(done, wait=done == steps or term)
+          spent["checkpoints"] += time.perf_counter() - t0
         if term:
           raise ckpt.Preempted(f"[{label}] SIGTERM at step {done}: checkpoint saved; rerun the same command to resume")
   finally:
@@ -682,5 +688,6 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   if t_first is not None and done > first_done and distributed.is_main_process():
     elapsed = time.perf_counter() - t_first
     logger.info("[%s] loop: %d steps in %.2f s after the first (compiling) call, %.1f steps/s with logging, "
-                "evaluation and checkpoints", label, done - first_done, elapsed, (done - first_done) / elapsed)
+                "evaluation and checkpoints (evaluation %.2f s, checkpoints %.2f s)", label, done - first_done,
+                elapsed, (done - first_done) / elapsed, spent["evaluation"], spent["checkpoints"])
   return states, history

@@ -81,3 +81,19 @@ def test_the_readme_is_a_landing_page():
           in first_screen)
   for link in re.findall(r"\]\(((?:docs/)[^)#]+)\)", text):
     assert (REPO / link).exists(), link
+
+
+SCRIPT_BLOCK = re.compile(r"<!-- generated: (python experiments/\S+\.py --markdown \S+) -->\n(.*?)<!-- end -->", re.S)
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/results/speed.md"])
+def test_speed_tables_equal_what_their_script_prints(path):
+  """Speed tables (loop efficiency, run scaling) are the `--markdown` output of the script named
+  above them, from the committed JSON lines."""
+  import subprocess
+  blocks = SCRIPT_BLOCK.findall((REPO / path).read_text())
+  assert blocks, f"{path}: no generated speed table"
+  for command, text in blocks:
+    out = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == text.strip(), f"rerun: {command}"
