@@ -8,5 +8,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # after this file is read, so they inherit it) and the command-line runs tests start. The
 # end-to-end tests compile the same programs (the same models, steps and evaluations) many times;
 # a cached executable is the same compiled program, so nothing a test compares changes.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="maskprior-tests-xla-"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="maskprior-tests-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")

@@ -150,3 +150,4 @@ def test_the_cli_picks_run_parallel_by_itself(tmp_path, capsys):
   assert "run-parallel: 8 runs over 8 devices, 1 per device (auto:" in err
   env = json.loads((tmp_path / "results.json").read_text())["environment"]
   assert env["placement"]["mask"]["mode"] == "runs" and env["placement"]["mask"]["devices"] == 8
+  assert env["batches"] == {"mask": "host"}

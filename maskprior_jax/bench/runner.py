@@ -275,7 +275,10 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
     model = bench.model(method)
     state, history, infos, placement = train_method(method, model, bench, runs, workdir)
     # Where the runs went (run-parallel, data parallel or one device) and on how many devices.
-    results.setdefault("environment", {}).setdefault("placement", {})[method] = placement.record()
+    env = results.setdefault("environment", {})
+    env.setdefault("placement", {})[method] = placement.record()
+    # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
+    env.setdefault("batches", {})[method] = bench.settings_for(method).batches
     for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, state.variables, runs, history))):
       results["runs"].append(results_lib.RunRecord(
           method=method, seed=int(r.seed), metrics=metrics,
