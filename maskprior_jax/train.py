@@ -406,8 +406,8 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
 
   def one(state, i):
     batch = jax.vmap(device_batch_fn, in_axes=(None, 0))(i, runs)
-    if mesh is not None:
-      batch = jax.lax.with_sharding_constraint(batch, run_sharding(mesh) if by_run else batch_sharding(mesh, 1))
+    if mesh is not None:   # a "data" mesh (a "runs" mesh takes the per-device call below)
+      batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh, 1))
     return step(state, batch)
 
   def call(state, first_step):
