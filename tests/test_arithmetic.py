@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -82,8 +83,8 @@ def test_modadd_prior():
 def test_short_end_to_end_run(tmp_path):
   work = tmp_path / "add"
   rc = cli.main(["arithmetic", "--task", "add", "--digits", "2", "--train-sizes", "100,400", "--methods",
-                 "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=100", "--config.train.warmup_steps=10",
-                 "--config.eval.every_steps=50", "--config.task.test_size=300", "--config.qk.fit_steps=10",
+                 "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=50", "--config.train.warmup_steps=10",
+                 "--config.eval.every_steps=25", "--config.train.steps_per_call=25", "--config.task.test_size=300", "--config.qk.fit_steps=10",
                  "--config.eval.probe_size=16"])
   assert rc == 0
   res = json.loads((work / "results.json").read_text())
@@ -298,7 +299,10 @@ def test_methods_run_in_separate_folders_and_merged_equal_one_process(tmp_path):
   assert (tmp_path / "merged" / "table.md").exists() and (tmp_path / "merged" / "tensorboard" / "mask_coupling").is_dir()
   with pytest.raises(curve.MergeError, match="repeats a method"):
     curve.merge([tmp_path / "parts" / "vanilla", tmp_path / "one"], tmp_path / "bad")
-  assert cli.main(["arithmetic", "--methods", "mask", "--workdir", str(tmp_path / "other"), *common,
-                   "--config.train.learning_rate=0.001"]) == 0
+  # A part run under another config (its digest differs): the merge refuses it.
+  other = tmp_path / "other"
+  shutil.copytree(tmp_path / "parts" / "mask_coupling", other)
+  res = json.loads((other / "results.json").read_text())
+  (other / "results.json").write_text(json.dumps({**res, "config_digest": "0" * len(res["config_digest"])}))
   with pytest.raises(curve.MergeError, match="another config"):
     curve.merge([tmp_path / "parts" / "vanilla", tmp_path / "other"], tmp_path / "bad")

@@ -12,22 +12,23 @@ import sys
 import time
 
 import pytest
+from cli_args import SMALL_BOOLEAN
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import workdir as W
 
-ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "1", "--config.train.steps=200",
-        "--config.train.steps_per_call=50", "--config.eval.every_steps=100", "--config.checkpoint.every_steps=100",
-        "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=10"]
+ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "1", "--config.train.steps=100",
+        "--config.train.steps_per_call=25", "--config.eval.every_steps=50", "--config.checkpoint.every_steps=50",
+        "--config.qk.fit_steps=10", *SMALL_BOOLEAN]
 FILES = ("results.json", "metrics.jsonl", "run_config.json", "config.json")
 
 
-def _run(workdir, fault=None, wait=True):
+def _run(workdir, fault=None, wait=True, args=ARGS):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   env.pop("MASKPRIOR_FAULT", None)
   if fault:
     env["MASKPRIOR_FAULT"] = fault
-  cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, "--workdir", str(workdir)]
+  cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", *args, "--workdir", str(workdir)]
   if not wait:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -172,7 +173,8 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_finished(tmp_path):
   if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
     pytest.skip("cannot mount a small tmpfs here")
   try:
-    out = _run(disk / "run")
+    # The benchmark's own model (its checkpoints fill 1 MiB; the small model's would fit).
+    out = _run(disk / "run", args=[a for a in ARGS if a not in SMALL_BOOLEAN])
     assert out.returncode == 2, out.stderr
     # orbax logs its save thread's failure itself (absl ERROR with a trace); the command's own
     # report is its last line, naming the reason and the folder

@@ -1,8 +1,10 @@
 """Whole benchmark runs over several processes (JAX's distributed runtime on localhost, CPU
 collectives over gloo): `maskprior boolean` data parallel in 2 processes x 2 devices against
 1 process x 4 devices, with either gradient reduction (XLA's all-reduce: equal within float32
-rounding; "ordered": bit for bit), and a two-process run killed mid-run then resumed by
-rerunning the same commands. Slow (several two-process runs): `pytest -m slow tests/test_multiprocess.py`."""
+rounding; "ordered": bit for bit), a two-process run killed mid-run (SIGKILL) then resumed in one
+process, a SLURM-started run stopped by SIGTERM then resumed by rerunning the same two commands,
+and run-parallel training over two processes. Slow (several two-process runs): `pytest -m slow
+tests/test_multiprocess.py`; CI's slow step spreads the groups (`xdist_group`) over its workers."""
 import json
 import os
 import pathlib
@@ -14,14 +16,15 @@ import time
 
 import numpy as np
 import pytest
+from cli_args import SMALL_BOOLEAN
 
 pytestmark = pytest.mark.slow
 
-STEPS = 200
+STEPS = 100
 ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.data_parallel=True",
         f"--config.train.steps={STEPS}", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
-        "--config.checkpoint.every_steps=50", "--config.checkpoint.max_to_keep=3",
-        "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+        "--config.checkpoint.every_steps=25", "--config.checkpoint.max_to_keep=3",
+        *SMALL_BOOLEAN]
 # With XLA's all-reduce, one and two processes reduce the gradient over the 4 devices in
 # different orders (in-process sum vs gloo all-reduce), so their float32 states differ by
 # rounding: each step can differ by a few units of float32 rounding (2^-23 relative), and such
@@ -85,7 +88,8 @@ def _two_processes(tmp_path_factory, reduction):
   return _RUNS["two", reduction]
 
 
-@pytest.mark.parametrize("reduction", ["xla", "ordered"])
+@pytest.mark.parametrize("reduction", [pytest.param("xla", marks=pytest.mark.xdist_group("multiprocess_xla")),
+                                       pytest.param("ordered", marks=pytest.mark.xdist_group("multiprocess_ordered"))])
 def test_two_processes_equal_one_process(tmp_path_factory, reduction):
   one_process = _one_process(tmp_path_factory, reduction)
   work, outs = _two_processes(tmp_path_factory, reduction)
@@ -116,10 +120,10 @@ def _wait_for_checkpoint(procs, ckpt, step):
   assert all(p.poll() is None for p in procs), "the run ended before the checkpoint"
 
 
-def _kill_two_after_step_100(tmp_path, reduction="xla"):
-  """Start the two-process run, SIGKILL both processes once a checkpoint at step >= 100 exists."""
+def _kill_two_after_a_checkpoint(tmp_path, reduction="xla"):
+  """Start the two-process run, SIGKILL both processes once a checkpoint (step >= 25) exists."""
   procs = _two(tmp_path, _port(), reduction)
-  _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "mask" / "seeds_0_1", 100)
+  _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "mask" / "seeds_0_1", 25)
   for p in procs:
     p.send_signal(signal.SIGKILL)
   for p in procs:
@@ -127,22 +131,13 @@ def _kill_two_after_step_100(tmp_path, reduction="xla"):
   assert not (tmp_path / "results.json").exists()
 
 
-def test_killed_two_process_run_resumes_to_the_same_state(tmp_path_factory, tmp_path):
-  work, _ = _two_processes(tmp_path_factory, "xla")
-  _kill_two_after_step_100(tmp_path)
-  outs = _finish(_two(tmp_path, _port()))
-  assert "resumed from the checkpoint at step" in outs[0][1]
-  full, resumed = _results(work), _results(tmp_path)
-  assert [r["state_sha256"] for r in resumed["runs"]] == [r["state_sha256"] for r in full["runs"]]
-  assert _numbers(resumed).tolist() == _numbers(full).tolist()
-
-
+@pytest.mark.xdist_group("multiprocess_ordered")
 def test_ordered_run_killed_in_two_processes_resumes_in_one(tmp_path_factory, tmp_path):
   """With grad_reduction=ordered the state does not depend on the process layout, so a run
   killed in 2 processes x 2 devices and resumed by 1 process x 4 devices ends bit for bit where
   the uninterrupted one-process run ends."""
   one_process = _one_process(tmp_path_factory, "ordered")
-  _kill_two_after_step_100(tmp_path, "ordered")
+  _kill_two_after_a_checkpoint(tmp_path, "ordered")
   out = subprocess.run(_cmd(tmp_path, reduction="ordered"), env=_env(4), check=True, capture_output=True,
                        text=True, timeout=900)
   assert "resumed from the checkpoint at step" in out.stderr
@@ -176,6 +171,7 @@ def _slurm_two(workdir, job):
                            stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
+@pytest.mark.xdist_group("multiprocess_ordered")
 def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_one_step(tmp_path_factory, tmp_path):
   """Two processes that carry only SLURM's variables join one run by JAX's own detection
   (--distributed auto, the default). Only process 1 then gets SIGTERM: JAX's preemption service
@@ -186,13 +182,13 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
   assert one_process["environment"]["distributed"] == "single process"
   ckpt = tmp_path / "checkpoints" / "mask" / "seeds_0_1"
   procs = _slurm_two(tmp_path, _slurm_job_id())
-  _wait_for_checkpoint(procs, ckpt, 50)
+  _wait_for_checkpoint(procs, ckpt, 25)
   procs[1].send_signal(signal.SIGTERM)
   outs = [p.communicate(timeout=300) for p in procs]
   assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
   steps = [int(line.split("SIGTERM at step ")[1].split(":")[0]) for _, err in outs for line in err.splitlines()
            if "SIGTERM at step" in line]
-  assert len(steps) == 2 and steps[0] == steps[1] > 50     # each process says where it saved: the same step
+  assert len(steps) == 2 and steps[0] == steps[1] > 25     # each process says where it saved: the same step
   assert max(int(d.name) for d in ckpt.iterdir() if d.name.isdigit()) == steps[0]
   _finish(_slurm_two(tmp_path, _slurm_job_id()))
   res = _results(tmp_path)
@@ -202,10 +198,11 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
 
 
 RUNS_ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "8", "--config.train.parallel=runs",
-             "--config.train.steps=100", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
-             "--config.checkpoint.every_steps=50", "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+             "--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
+             "--config.checkpoint.every_steps=25", *SMALL_BOOLEAN]
 
 
+@pytest.mark.xdist_group("multiprocess_xla")
 def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
   """8 runs, one per device: 2 processes x 4 devices (each process holds and steps its own 4 runs)
   end on the states of 1 process x 8 devices bit for bit; nothing is reduced across devices."""

@@ -7,10 +7,11 @@ import sys
 import time
 
 import pytest
+from cli_args import SMALL_BOOLEAN
 
-ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.steps=600",
-        "--config.train.steps_per_call=50", "--config.eval.every_steps=100", "--config.checkpoint.every_steps=100",
-        "--config.checkpoint.max_to_keep=3", "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.steps=300",
+        "--config.train.steps_per_call=50", "--config.eval.every_steps=50", "--config.checkpoint.every_steps=50",
+        "--config.checkpoint.max_to_keep=3", *SMALL_BOOLEAN]
 
 
 def _cmd(workdir):
@@ -52,7 +53,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_kill9_then_resume_is_bit_identical(uninterrupted, tmp_path):
-  rc, _ = _start_and_stop_after(tmp_path, 200, signal.SIGKILL)
+  rc, _ = _start_and_stop_after(tmp_path, 100, signal.SIGKILL)
   assert rc == -signal.SIGKILL
   assert not (tmp_path / "results.json").exists()
   out = subprocess.run(_cmd(tmp_path), env=_env(), capture_output=True, text=True, timeout=600)
@@ -67,11 +68,11 @@ def test_kill9_then_resume_is_bit_identical(uninterrupted, tmp_path):
 
 @pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
-  rc, err = _start_and_stop_after(tmp_path, 100, signal.SIGTERM)
+  rc, err = _start_and_stop_after(tmp_path, 50, signal.SIGTERM)
   assert rc == 143, err
   assert "checkpoint saved" in err and "Traceback" not in err
   saved = _steps(tmp_path)
-  assert saved and max(saved) >= 100
+  assert saved and max(saved) >= 50
   out = subprocess.run(_cmd(tmp_path), env=_env(), capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr
   assert _digests(tmp_path)[0] == uninterrupted[0]
@@ -79,7 +80,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
 
 @pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_truncated_latest_checkpoint_falls_back_to_previous(uninterrupted, tmp_path):
-  rc, _ = _start_and_stop_after(tmp_path, 300, signal.SIGKILL)
+  rc, _ = _start_and_stop_after(tmp_path, 150, signal.SIGKILL)
   steps = _steps(tmp_path)
   assert len(steps) >= 2
   latest = tmp_path / "checkpoints" / "mask" / "seeds_0_1" / str(steps[-1])
