@@ -4,11 +4,12 @@ import subprocess
 import sys
 
 import pytest
+from cli_args import SMALL_MODEL
 
 from maskprior_jax.bench import args, cli
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-         "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20"]
+         "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20", *SMALL_MODEL]
 
 
 def _run(args, cwd):

@@ -2,10 +2,11 @@
 import json
 
 import pytest
+from cli_args import SMALL_BOOLEAN
 
 from maskprior_jax.bench import cli
 
-SHORT = ["--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
+SHORT = [*SMALL_BOOLEAN, "--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
          "--config.eval.num_points=256", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50"]
 
 

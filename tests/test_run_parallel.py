@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from cli_args import SMALL_MODEL
 
 from maskprior_jax import sharding, train
 from maskprior_jax.bench import cli
@@ -144,7 +145,8 @@ def test_the_cli_picks_run_parallel_by_itself(tmp_path, capsys):
   progress output and recorded in results.json's environment."""
   rc = cli.main(["boolean", "--task", "f2", "--seeds", "8", "--methods", "mask", "--workdir", str(tmp_path),
                  "--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
-                 "--config.checkpoint.every_steps=50", "--config.eval.num_points=256", "--config.eval.probe_size=16"])
+                 "--config.checkpoint.every_steps=50", "--config.eval.num_points=256", "--config.eval.probe_size=16",
+                 *SMALL_MODEL])
   assert rc == 0
   err = capsys.readouterr().err
   assert "run-parallel: 8 runs over 8 devices, 1 per device (auto:" in err

@@ -5,12 +5,14 @@ import json
 
 import numpy as np
 import pytest
+from cli_args import SMALL_MODEL
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import data as D
 
-SHORT = ["--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
-         "--config.qk.fit_steps=10", "--config.eval.probe_size=8"]
+SHORT_DEFAULT_MODEL = ["--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
+                       "--config.qk.fit_steps=10", "--config.eval.probe_size=8"]
+SHORT = [*SHORT_DEFAULT_MODEL, *SMALL_MODEL]
 
 
 def _builders(tfds, PIL):
@@ -92,7 +94,7 @@ def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
 def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
   work = tmp_path / "l"
   rc = cli.main(["language", "--dataset", "maskprior_tiny_text", "--data-dir", str(data_dir), "--methods", "mask",
-                 "--seeds", "1", "--workdir", str(work), "--config.data.seq_len=32", *SHORT])
+                 "--seeds", "1", "--workdir", str(work), "--config.data.seq_len=32", *SHORT_DEFAULT_MODEL])
   assert rc == 0
   res = json.loads((work / "results.json").read_text())
   run = res["runs"][0]
