@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from cli_args import SMALL_BOOLEAN
+from cli_args import SMALL_BOOLEAN, SMALL_MODEL
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import workdir as W
@@ -174,7 +174,7 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_finished(tmp_path):
     pytest.skip("cannot mount a small tmpfs here")
   try:
     # The benchmark's own model (its checkpoints fill 1 MiB; the small model's would fit).
-    out = _run(disk / "run", args=[a for a in ARGS if a not in SMALL_BOOLEAN])
+    out = _run(disk / "run", args=[a for a in ARGS if a not in SMALL_MODEL])
     assert out.returncode == 2, out.stderr
     # orbax logs its save thread's failure itself (absl ERROR with a trace); the command's own
     # report is its last line, naming the reason and the folder

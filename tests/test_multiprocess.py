@@ -120,7 +120,7 @@ def _wait_for_checkpoint(procs, ckpt, step):
   assert all(p.poll() is None for p in procs), "the run ended before the checkpoint"
 
 
-def _kill_two_after_a_checkpoint(tmp_path, reduction="xla"):
+def _kill_two_after_a_checkpoint(tmp_path, reduction):
   """Start the two-process run, SIGKILL both processes once a checkpoint (step >= 25) exists."""
   procs = _two(tmp_path, _port(), reduction)
   _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "mask" / "seeds_0_1", 25)
