@@ -26,6 +26,18 @@ mechanism can be read per support).
 - d2: p2 with d1's differenced readout: readers attend to their supports as in p2, and each
   readout is the reader's with its count embedding minus the same reader's with a zero one, so an
   unseen count (embedding still zero) contributes exactly 0 whatever the attention reads.
+
+Attention-only designs (no feature computed by hand from the input; round 4 of
+`boolean.protocol`):
+
+- a1 ("isolated readers"): p1 with the variable tokens isolated: each attends only to itself, so
+  reader k's state is a function of its own support's bits, read through attention, and the
+  prediction is a sum over supports. Without positions a reader cannot tell its support's
+  variables apart, so each term is a function of the support's count of +1 entries: the count
+  lookup's function class, with the count computed by attention.
+- a2 ("shared readers"): a1 with one reader embedding per support size, shared by the supports of
+  that size, and a learnable per-support scale (initialised at 1) on each reader's readout: every
+  support of a size reads its bits through the same function, up to its scale.
 """
 from __future__ import annotations
 
@@ -39,16 +51,18 @@ from maskprior_jax import priors
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.models import Block
 
-DESIGNS = ("p1", "p2", "d1", "d2")
+DESIGNS = ("p1", "p2", "d1", "d2", "a1", "a2")
+ISOLATED = ("a1", "a2")   # variable tokens attend only to themselves
+COUNTED = ("p2", "d1", "d2")   # a count embedding computed from the input ids
 READOUT = "reader_readout"
 
 
 def reader_mask(n: int, supports: Sequence[Sequence[int]], design: str) -> np.ndarray:
-  """(n + R, n + R) boolean: variables attend to variables; reader k to its support and itself
-  (d1: itself only)."""
+  """(n + R, n + R) boolean: variables attend to variables (a1, a2: each only to itself); reader k
+  to its support and itself (d1: itself only)."""
   r = len(supports)
   allowed = np.zeros((n + r, n + r), bool)
-  allowed[:n, :n] = True
+  allowed[:n, :n] = np.eye(n, dtype=bool) if design in ISOLATED else True
   for k, s in enumerate(supports):
     allowed[n + k, n + k] = True
     if design != "d1":
@@ -64,7 +78,7 @@ def reader_pattern(token_pattern: np.ndarray, supports: Sequence[Sequence[int]],
   heads, n, _ = token_pattern.shape
   allowed = reader_mask(n, supports, design)
   out = np.full((heads, n + len(supports), n + len(supports)), outside, np.float32)
-  out[:, :n, :n] = token_pattern
+  out[:, :n, :n] = np.where(allowed[:n, :n], token_pattern, outside)
   out[:, n:, :] = np.where(allowed[n:], 0.0, outside)[None]
   return out
 
@@ -107,8 +121,14 @@ class ReaderModel(nn.Module):
     batch, r = ids.shape[0], len(self.supports)
     allowed = jnp.asarray(reader_mask(self.n, self.supports, self.design))[None, None]
     x = nn.Embed(2, self.dim, name="embed")(ids)
-    base = jnp.broadcast_to(self.param("readers", nn.initializers.normal(0.02), (r, self.dim)), (batch, r, self.dim))
-    counted = self.design != "p1"
+    if self.design == "a2":   # one reader embedding per support size, shared
+      sizes = sorted({len(s) for s in self.supports})
+      shared = self.param("readers", nn.initializers.normal(0.02), (len(sizes), self.dim))
+      starts = shared[jnp.asarray([sizes.index(len(s)) for s in self.supports])]
+    else:
+      starts = self.param("readers", nn.initializers.normal(0.02), (r, self.dim))
+    base = jnp.broadcast_to(starts, (batch, r, self.dim))
+    counted = self.design in COUNTED
     if counted:
       size = max(len(s) for s in self.supports) + 1
       table = self.param("count_embed", nn.initializers.zeros, (r, size, self.dim))
@@ -123,6 +143,8 @@ class ReaderModel(nn.Module):
       return readout(h[:, self.n:])[..., 0]                                                # (batch, R)
 
     contrib = readers(with_count if counted else base)
+    if self.design == "a2":
+      contrib = contrib * self.param("reader_scale", nn.initializers.ones, (r,))
     if self.design in ("d1", "d2"):
       contrib = contrib - readers(base)   # a zero count embedding (an unseen count) reads exactly 0
     self.sow("intermediates", READOUT, contrib)

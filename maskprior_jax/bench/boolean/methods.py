@@ -26,7 +26,7 @@ CONTROLS = ("mask_positions", "mask_shuffled", "bias_zero", "qk_nopos")
 # Both priors at once: the mask prior plus the QK initialisation (fitted with the prior in place).
 COMBINED = ("mask_qk",)
 # Reader designs (`boolean.designs`): one reader token per support; "reader_<design>".
-DESIGN_METHODS = ("reader_p1", "reader_p2", "reader_d1", "reader_d2")
+DESIGN_METHODS = ("reader_p1", "reader_p2", "reader_d1", "reader_d2", "reader_a1", "reader_a2")
 METHODS = runner.METHODS + CONTROLS + COMBINED + DESIGN_METHODS
 
 
