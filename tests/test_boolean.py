@@ -281,6 +281,51 @@ def test_design_rule_keeps_the_mask_unless_a_design_wins_beyond_spread_and_margi
   assert kept == ["a"] and dropped == ["b"]
 
 
+def test_attention_only_designs_read_each_support_through_attention_alone():
+  """a1 and a2 compute no feature from the input by hand: the variable tokens attend only to
+  themselves, so a reader's readout changes only with its own support's bits, and (no positions)
+  only with their count; a2's supports of one size share their reader."""
+  import jax
+  import jax.numpy as jnp
+
+  from maskprior_jax.bench.boolean import designs as BD2
+  from maskprior_jax.bench.boolean import run as R
+  from maskprior_jax.bench.config import builtin_config
+  task = B.Task("a", 6, "x0x1 + 2 x1x2 - x3x4x5", "x0 == 1 | x1 == 1")
+  ids = jnp.asarray(R.to_ids(BD.cube(6)))
+  x = np.asarray(ids)
+  assert BD2.reader_mask(6, task.groups, "a1")[:6, :6].tolist() == np.eye(6, dtype=bool).tolist()
+  for design in ("a1", "a2"):
+    model = R.build_model(task, builtin_config("boolean"), f"reader_{design}")
+    assert "count_embed" not in model.init(jax.random.key(0), ids)["params"]
+    v = model.init(jax.random.key(0), ids)
+    readout = np.asarray(model.apply(v, ids, mutable=["intermediates"])[1]["intermediates"][BD2.READOUT][0])
+    for k, support in enumerate(task.groups):
+      key = x[:, list(support)].sum(-1)    # the support's count: all a reader may depend on
+      for c in np.unique(key):
+        vals = readout[key == c, k]
+        np.testing.assert_allclose(vals, vals[0], atol=1e-5)
+      assert len(np.unique(np.round(readout[:, k], 4))) > 1   # and it does depend on it
+    if design == "a2":
+      assert v["params"]["readers"].shape[0] == 2                # sizes 2 and 3
+      pair = [k for k, s in enumerate(task.groups) if len(s) == 2]
+      same = (x[:, [0, 1]].sum(-1) == x[:, [1, 2]].sum(-1))
+      # two supports of one size with the same count read the same, up to their scales (1 at init)
+      np.testing.assert_allclose(readout[same, pair[0]], readout[same, pair[1]], atol=1e-5)
+
+
+def test_dropin_rule_passes_only_within_the_tolerance_on_every_task():
+  from maskprior_jax.bench.boolean import protocol as P
+  bounds = {"t1": 0.1, "t2": 0.0}
+  good = {"t1": [0.12, 0.14, 0.5], "t2": [0.0, 0.01, 0.02]}
+  near = {"t1": [0.11] * 3, "t2": [0.06] * 3}            # t2 excess 0.06: fails, but the lowest mean
+  assert P.select_dropin({"a": good, "b": near}, bounds)[:2] == ("a", True)
+  assert P.select_dropin({"b": near}, bounds)[:2] == ("b", False)
+  unfit = {"t1": [0.1, None, 0.1], "t2": [0.0] * 3}      # median fine, but a run did not fit
+  assert P.select_dropin({"u": unfit}, bounds)[:2] == ("u", False)
+  assert P.dropin_excess([None, None, 0.2], 0.1) == 0.9
+
+
 def test_the_corruption_rule_is_seeded_keeps_sizes_and_never_keeps_a_true_support_at_100_percent():
   from maskprior_jax.bench.boolean import methods as bm
   from maskprior_jax.bench.boolean import tasks as boolean
