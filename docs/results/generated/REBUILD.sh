@@ -13,3 +13,4 @@ maskprior report $R/vision $R/language --markdown $G/vision_language.md --title 
 maskprior report $R/arithmetic_prev_recipe --markdown $G/arithmetic_prev_recipe.md --title "Arithmetic, second round (superseded)" > /dev/null
 maskprior report $R/arithmetic_prev_default --markdown $G/arithmetic_prev_default.md --title "Arithmetic, first round (superseded)" > /dev/null
 maskprior report $R/boolean_prev_default --markdown $G/boolean_prev_default.md --title "Boolean headline before the round-2 default (superseded)" > /dev/null
+maskprior report $R/boolean_dropin/confirmation --markdown $G/boolean_dropin.md --title "Boolean round 4: the attention-only reader design reader_a1, confirmation" > /dev/null

@@ -221,6 +221,16 @@ def headline_table(all_results: Sequence[dict]) -> str:
                    and any(r["method"] == m for res in all_results for r in res["runs"])]
     if attribution:
       out += "\n" + excess_table(all_results, attribution)
+  others = [m for m in boolean_methods.COMBINED + boolean_methods.DESIGN_METHODS
+            if any(r["method"] == m for res in all_results for r in res["runs"])]
+  if others:   # both priors at once and the reader designs: their errors and excess over the bound
+    header3 = ["task"] + [f"{m}: unseen / MDI's (fitted)" for m in others]
+    rows3 = []
+    for res in all_results:
+      s = {x["method"]: x for x in summarize(res)}
+      rows3.append([res["task"]] + [f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-"
+                                    for m in others])
+    out += "\n" + results_lib.markdown_table(header3, rows3) + "\n" + excess_table(all_results, others)
   return out
 
 
