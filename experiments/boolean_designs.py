@@ -15,11 +15,10 @@ import pathlib
 
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.args import script_seeds
+from maskprior_jax.bench.args import script_seeds, script_tasks
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
 def main():
@@ -31,23 +30,17 @@ def main():
   p.add_argument("--tasks", default=",".join(protocol.GENERATED_TASKS), help="generated tasks (default: all)")
   args = p.parse_args()
   seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  tasks = args.tasks.split(",")
-  unknown = [t for t in tasks if t not in protocol.GENERATED_TASKS]
-  if unknown:
-    raise SystemExit(f"unknown generated task {unknown[0]!r}; choose from {', '.join(protocol.GENERATED_TASKS)}")
+  tasks = script_tasks(args.tasks, protocol.GENERATED_TASKS)
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
-  cfg = apply_overrides(builtin_config("boolean"), [f"--config.train.steps={args.steps}",
-                                                     "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+  cfg = protocol.exploration_config(args.steps)
   methods = ["vanilla", protocol.DESIGN_BASELINE, *protocol.DESIGN_CANDIDATES]
   table = {m: {} for m in methods}
   for name in tasks:
     task = protocol.GENERATED_TASKS[name]
     res = boolean_run.run_task(task, cfg, methods, seeds, root / name, log=lambda *a: None)
     for m in methods:
-      runs = sorted((r for r in res["runs"] if r["method"] == m), key=lambda r: r["seed"])
-      table[m][name] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"]
-                        else None for r in runs]
+      table[m][name] = boolean_report.seed_ratios(res, m)
     print(name, {m: boolean_report.median_cell(table[m][name]) for m in methods}, flush=True)
   kept, dropped = protocol.kept_tasks(table["vanilla"])
   rows = []

@@ -15,11 +15,10 @@ import argparse
 import pathlib
 
 from maskprior_jax.bench import results as results_lib
-from maskprior_jax.bench.args import script_seeds
+from maskprior_jax.bench.args import script_seeds, script_tasks
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
-from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
 def main():
@@ -33,22 +32,16 @@ def main():
   p.add_argument("--designs", default=",".join(protocol.DROPIN_CANDIDATES), help="(default: %(default)s)")
   args = p.parse_args()
   seeds = script_seeds(args.seeds, protocol.CONFIRMATION_SEEDS)
-  tasks, methods = args.tasks.split(","), args.designs.split(",")
-  unknown = [t for t in tasks if t not in protocol.GENERATED_TASKS]
-  if unknown:
-    raise SystemExit(f"unknown generated task {unknown[0]!r}; choose from {', '.join(protocol.GENERATED_TASKS)}")
+  tasks, methods = script_tasks(args.tasks, protocol.GENERATED_TASKS), args.designs.split(",")
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
-  cfg = apply_overrides(builtin_config("boolean"), [f"--config.train.steps={args.steps}",
-                                                     "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+  cfg = protocol.exploration_config(args.steps)
   table, bounds = {m: {} for m in methods}, {}
   for name in tasks:
     res = boolean_run.run_task(protocol.GENERATED_TASKS[name], cfg, methods, seeds, root / name, log=lambda *a: None)
     bounds[name] = boolean_report.structure_bound(res)
     for m in methods:
-      runs = sorted((r for r in res["runs"] if r["method"] == m), key=lambda r: r["seed"])
-      table[m][name] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"]
-                        else None for r in runs]
+      table[m][name] = boolean_report.seed_ratios(res, m)
     print(name, f"bound {bounds[name]:.3f}", {m: f"{protocol.dropin_excess(table[m][name], bounds[name]):+.3f}" for m in methods},
           flush=True)
   rows = []

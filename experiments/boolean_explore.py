@@ -17,19 +17,15 @@ from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import report as boolean_report
 from maskprior_jax.bench.boolean import run as boolean_run
 from maskprior_jax.bench.args import script_seeds
-from maskprior_jax.bench.config import apply_overrides, builtin_config
 
 
 def run_variant(name: str, method: str, seeds, steps: int, root: pathlib.Path) -> dict:
   """{task: per-seed unseen/MDI's ratios (None where the run did not fit)} for one variant."""
-  cfg = apply_overrides(builtin_config("boolean"), protocol.EXPLORATION_BASE + protocol.VARIANTS[name] + [
-      f"--config.train.steps={steps}", "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+  cfg = protocol.exploration_config(steps, protocol.EXPLORATION_BASE + protocol.VARIANTS[name])
   out = {}
   for tname, task in protocol.EXPLORATION_TASKS.items():
     res = boolean_run.run_task(task, cfg, [method], seeds, root / f"{name}_{method}" / tname, log=lambda *a: None)
-    runs = sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["seed"])
-    out[tname] = [boolean_report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]) if r["fitted"] else None
-                  for r in runs]
+    out[tname] = boolean_report.seed_ratios(res, method)
   return out
 
 

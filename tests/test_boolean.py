@@ -297,8 +297,8 @@ def test_attention_only_designs_read_each_support_through_attention_alone():
   assert BD2.reader_mask(6, task.groups, "a1")[:6, :6].tolist() == np.eye(6, dtype=bool).tolist()
   for design in ("a1", "a2"):
     model = R.build_model(task, builtin_config("boolean"), f"reader_{design}")
-    assert "count_embed" not in model.init(jax.random.key(0), ids)["params"]
     v = model.init(jax.random.key(0), ids)
+    assert "count_embed" not in v["params"]
     readout = np.asarray(model.apply(v, ids, mutable=["intermediates"])[1]["intermediates"][BD2.READOUT][0])
     for k, support in enumerate(task.groups):
       key = x[:, list(support)].sum(-1)    # the support's count: all a reader may depend on

@@ -54,3 +54,13 @@ def script_seeds(text: str, confirmation_seeds) -> list[int]:
     return exploration_seeds(text, confirmation_seeds)
   except UsageError as e:
     raise SystemExit(str(e)) from None
+
+
+def script_tasks(text: str, known) -> list[str]:
+  """An experiment script's comma-separated --tasks, each one of `known`: an unknown name exits
+  with its one line."""
+  tasks = text.split(",")
+  unknown = [t for t in tasks if t not in known]
+  if unknown:
+    raise SystemExit(f"unknown generated task {unknown[0]!r}; choose from {', '.join(known)}")
+  return tasks

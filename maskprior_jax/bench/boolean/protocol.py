@@ -54,6 +54,14 @@ SELECTED = "noself_pos_none"
 MIN_FIT_SHARE = 0.8
 
 
+def exploration_config(steps: int, overrides=()):
+  """The built-in Boolean config with `overrides`, then the exploration scripts' budget: `steps`
+  training steps, evaluation and checkpoints every 500."""
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  return apply_overrides(builtin_config("boolean"), [*overrides, f"--config.train.steps={steps}",
+                                                     "--config.eval.every_steps=500", "--config.checkpoint.every_steps=500"])
+
+
 def score(ratios_by_task: dict[str, list[float | None]]) -> tuple[float, float, float]:
   """(score, fit share, spread) of one variant: ratios are unseen MSE / MDI's per seed, None where
   the run did not fit (counted as 1)."""

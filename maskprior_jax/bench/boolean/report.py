@@ -62,6 +62,23 @@ def _fit_cell(s: dict, key: str = "ratio_fitted", fmt=lambda v: results_lib.mean
   return fmt(s[key])
 
 
+def _fitted_cell(s: dict, m: str) -> str:
+  """`_fit_cell` of method m with how many of its seeds fitted; "-" where m did not run."""
+  return f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-"
+
+
+def _present(all_results: Sequence[dict], methods: Sequence[str]) -> list[str]:
+  """The methods (in the given order) with at least one run in any of the results."""
+  ran = {r["method"] for res in all_results for r in res["runs"]}
+  return [m for m in methods if m in ran]
+
+
+def seed_ratios(results: dict, method: str) -> list[float | None]:
+  """One method's unseen MSE / MDI's per seed (seed order), None where the run did not fit."""
+  runs = sorted((r for r in results["runs"] if r["method"] == method), key=lambda r: r["seed"])
+  return [mdi_share(r["unseen_mse_true"], results["mdi_unseen_mse_true"]) if r["fitted"] else None for r in runs]
+
+
 def task_table(results: dict) -> str:
   ref = results["mdi_unseen_mse_true"]
   header = ["method", "fitted / seeds", "seen MSE", "unseen MSE vs truth", "unseen / MDI's", "per seed (unseen / MDI's)",
@@ -188,7 +205,7 @@ def plot_degree_profiles(results: dict, path: str | os.PathLike) -> None:
 def headline_table(all_results: Sequence[dict]) -> str:
   """Per task and method: unseen MSE / MDI's (mean ± std over the fitted seeds, and how many
   fitted), whether the mask reaches the paper's bar, the references; then persistence."""
-  methods = [m for m in METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  methods = _present(all_results, METHODS)
   header = (["task", "n", "MDI's unseen MSE"] + [f"{m}: unseen / MDI's (fitted)" for m in methods]
             + ["mask ≤ 10% of MDI's?", "support LSQ", "count lookup", "structure-only bound"])
   rows = []
@@ -197,7 +214,7 @@ def headline_table(all_results: Sequence[dict]) -> str:
     ref = res["mdi_unseen_mse_true"]
     row = [res["task"], res["n"], f"{ref:.3g}"]
     for m in methods:
-      row.append(f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-")
+      row.append(_fitted_cell(s, m))
     if "mask" in s and s["mask"]["ratio_fitted"]:
       row.append("yes" if np.mean(s["mask"]["ratio_fitted"]) <= BAR else "no")
     else:
@@ -217,19 +234,16 @@ def headline_table(all_results: Sequence[dict]) -> str:
          + results_lib.markdown_table(header2, rows2))
   if any(r["method"] in boolean_methods.CONTROLS for res in all_results for r in res["runs"]):
     out += "\n" + attribution_table(all_results)
-    attribution = [m for m in boolean_methods.ATTRIBUTION if m not in methods
-                   and any(r["method"] == m for res in all_results for r in res["runs"])]
+    attribution = [m for m in _present(all_results, boolean_methods.ATTRIBUTION) if m not in methods]
     if attribution:
       out += "\n" + excess_table(all_results, attribution)
-  others = [m for m in boolean_methods.COMBINED + boolean_methods.DESIGN_METHODS
-            if any(r["method"] == m for res in all_results for r in res["runs"])]
+  others = _present(all_results, boolean_methods.COMBINED + boolean_methods.DESIGN_METHODS)
   if others:   # both priors at once and the reader designs: their errors and excess over the bound
     header3 = ["task"] + [f"{m}: unseen / MDI's (fitted)" for m in others]
     rows3 = []
     for res in all_results:
       s = {x["method"]: x for x in summarize(res)}
-      rows3.append([res["task"]] + [f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-"
-                                    for m in others])
+      rows3.append([res["task"]] + [_fitted_cell(s, m) for m in others])
     out += "\n" + results_lib.markdown_table(header3, rows3) + "\n" + excess_table(all_results, others)
   return out
 
@@ -272,14 +286,13 @@ def attribution_table(all_results: Sequence[dict]) -> str:
   method's unseen MSE / MDI's (mean ± population std over the fitted seeds, how many fitted), then
   per contrast the control's mean minus the mask's, marked "no difference" when it is not larger
   than the larger of the two seed spreads."""
-  methods = [m for m in boolean_methods.ATTRIBUTION if any(r["method"] == m for res in all_results for r in res["runs"])]
+  methods = _present(all_results, boolean_methods.ATTRIBUTION)
   contrasts = [c for c in boolean_methods.CONTRASTS if c[1] in methods and c[2] in methods]
   header = ["task"] + [f"{m} (fitted)" for m in methods] + [label for label, _, _ in contrasts]
   rows = []
   for res in all_results:
     s = {x["method"]: x for x in summarize(res)}
-    row = [res["task"]] + [f"{_fit_cell(s[m])} ({sum(s[m]['fitted'])}/{len(s[m]['seeds'])})" if m in s else "-"
-                           for m in methods]
+    row = [res["task"]] + [_fitted_cell(s, m) for m in methods]
     for _, control, method in contrasts:
       a, b = (s[control]["ratio_fitted"] if control in s else []), (s[method]["ratio_fitted"] if method in s else [])
       if not a or not b:
@@ -297,7 +310,7 @@ def attribution_table(all_results: Sequence[dict]) -> str:
 def write_headline_report(all_results: Sequence[dict], workdir: str | os.PathLike) -> None:
   """summary.md and headline.png over the tasks."""
   write_text(workdir / "summary.md", headline_table(all_results))
-  methods = [m for m in boolean_methods.METHODS if any(r["method"] == m for res in all_results for r in res["runs"])]
+  methods = _present(all_results, boolean_methods.METHODS)
   fig, ax = results_lib.new_figure((7, 3.6))
   width = 0.8 / max(len(methods), 1)
   for i, m in enumerate(methods):
