@@ -80,10 +80,11 @@ def loop_rate(name, seeds, batches, steps):
                  "checkpoint_every": bench.settings.checkpoint_every, "log_every": bench.settings.log_every}
 
 
-def step_rate(bench, num_runs, calls, repeats=3):
+def step_rate(bench, num_runs, calls, repeats=3, run_block=None):
   """Steps/s of the compiled step (device batches) called back to back, nothing else: the median of
-  `repeats` timings of `calls` calls each."""
-  settings = bench.settings
+  `repeats` timings of `calls` calls each; the loop's program (its placement and run blocks, or
+  `run_block` in place of the config's)."""
+  settings = bench.settings if run_block is None else dataclasses.replace(bench.settings, run_block=run_block)
   runs = bench.runs(list(range(num_runs)))
   model = bench.model("mask")
   tx = settings.optimizer()
@@ -92,8 +93,21 @@ def step_rate(bench, num_runs, calls, repeats=3):
   state = train.stack_trees([train.create_state(v, tx, jax.random.key(r.key)) for v, r in zip(inits, runs)])
   if placement.mode == "runs":
     state = jax.device_put(state, sharding.run_sharding(placement.mesh))
-  step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), len(runs),
-                                          steps_per_call=settings.steps_per_call, mesh=placement.mesh)
+  k = placement.run_block
+  if k:   # the loop's program: one k-run step per block of runs, each call dispatched without waiting
+    blocks = train._RunBlocks(placement, k, len(runs), 0)
+    block_step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), k,
+                                                  steps_per_call=settings.steps_per_call, donate=False,
+                                                  runs_argument=True)
+    parts = blocks.split(state)
+
+    def step(parts, first):
+      out = [block_step(part, first, r) for part, r in zip(parts, blocks.runs)]
+      return [o[0] for o in out], [o[1] for o in out]
+    state = parts
+  else:
+    step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), len(runs),
+                                            steps_per_call=settings.steps_per_call, mesh=placement.mesh)
   state, m = step(state, np.int32(0))   # compile
   jax.block_until_ready(state)
   rates, done = [], 1
@@ -105,7 +119,7 @@ def step_rate(bench, num_runs, calls, repeats=3):
     jax.block_until_ready((state, m))
     rates.append(calls * settings.steps_per_call / (time.perf_counter() - t0))
   return {"step_steps_per_s": float(np.median(rates)), "step_steps_per_s_each": rates, "placement": placement.mode,
-          "devices": placement.devices}
+          "devices": placement.devices, "run_block": k}
 
 
 def env():
@@ -121,6 +135,8 @@ def main():
   p.add_argument("--steps", type=int, default=0, help="train.steps (0: the config's default)")
   p.add_argument("--calls", type=int, default=10, help="calls of the bare step per timing")
   p.add_argument("--runs", default="1,5,20,80", help="stacked runs for the scaling table (Boolean default)")
+  p.add_argument("--run-blocks", default="all,1",
+                 help="train.run_block values for the scaling table (all: one vmapped block; 1: one run at a time)")
   p.add_argument("--out", help="append JSON lines here (default: stdout)")
   p.add_argument("--markdown", help="print the tables of a JSON-lines file and exit")
   a = p.parse_args()
@@ -139,10 +155,18 @@ def main():
              **env()}
       print(json.dumps(row), file=out, flush=True)
   bench = make_bench("boolean", [0])
-  for r in (int(t) for t in a.runs.split(",") if t):
-    bare = step_rate(bench, r, a.calls)
-    print(json.dumps({"kind": "scaling", "benchmark": "boolean", "runs": r, **bare,
-                      "run_steps_per_s": r * bare["step_steps_per_s"], **env()}), file=out, flush=True)
+  for block in a.run_blocks.split(","):
+    for r in (int(t) for t in a.runs.split(",") if t):
+      bare = step_rate(bench, r, a.calls, run_block=block)
+      print(json.dumps({"kind": "scaling", "benchmark": "boolean", "runs": r, **bare,
+                        "run_steps_per_s": r * bare["step_steps_per_s"], **env()}), file=out, flush=True)
+
+
+def _block(row) -> str:
+  """The run block a row was measured with (rows from before train.run_block: one vmapped block)."""
+  if "run_block" not in row:
+    return ""
+  return ", one block" if not row["run_block"] else f", blocks of {row['run_block']}"
 
 
 def markdown(rows):
@@ -153,12 +177,12 @@ def markdown(rows):
       lines.append(f"| {r['benchmark']} | {r['batches']} | {r['seeds']} | {r['loop_steps_per_s']:.1f} | "
                    f"{r['step_steps_per_s']:.1f} ({', '.join(f'{x:.1f}' for x in r.get('step_steps_per_s_each', []))}) | "
                    f"{r['efficiency']:.2f} | {r['evaluation_s'] / r['loop_s']:.2f} | "
-                   f"{r['efficiency_without_evaluation']:.2f} | {r['placement']} x{r['devices']} |")
+                   f"{r['efficiency_without_evaluation']:.2f} | {r['placement']} x{r['devices']}{_block(r)} |")
   lines += ["", "| stacked runs (Boolean default) | steps/s | run-steps/s | placement |", "|---|---|---|---|"]
   for r in rows:
     if r["kind"] == "scaling":
       lines.append(f"| {r['runs']} | {r['step_steps_per_s']:.1f} | {r['run_steps_per_s']:.0f} | "
-                   f"{r['placement']} x{r['devices']} |")
+                   f"{r['placement']} x{r['devices']}{_block(r)} |")
   first = rows[0]
   lines += ["", f"Measured on {first['device_kind']} ({first['backend']}, {first['devices']} device(s), "
             f"{first['cpus']} CPU cores), JAX {first['jax']}."]

@@ -83,28 +83,39 @@ class Placement:
   """Where a loop's runs go. mode: "runs" (whole runs spread over the devices of `mesh`, the same
   number on each; nothing is reduced across devices, so each run is computed as on one device),
   "data" (every run's batch split over all devices of `mesh`), or "single" (one device, no mesh);
-  reason: why it was chosen."""
+  reason: why it was chosen; run_block: how many of a device's runs are stepped together (0: all,
+  one vmapped block; k: k at a time, see `train_seeds`)."""
   mode: str
   mesh: Mesh | None
   num_runs: int
   reason: str
+  run_block: int = 0
+
+  @property
+  def runs_per_device(self) -> int:
+    return self.num_runs // self.devices if self.mode == "runs" else self.num_runs
 
   @property
   def devices(self) -> int:
     return 1 if self.mesh is None else int(self.mesh.devices.size)
 
   def describe(self) -> str:
-    """The progress line's words, e.g. "run-parallel: 8 runs over 8 devices, 1 per device (auto: ...)"."""
+    """The progress line's words, e.g. "run-parallel: 8 runs over 8 devices, 1 per device (auto: ...);
+    stepped one run at a time"."""
+    blocks = ("" if self.mode == "data" else "; all of a device's runs stepped as one vmapped block"
+              if not self.run_block else "; stepped one run at a time" if self.run_block == 1
+              else f"; stepped {self.run_block} runs at a time")
     if self.mode == "runs":
-      return (f"run-parallel: {self.num_runs} runs over {self.devices} devices, {self.num_runs // self.devices} "
-              f"per device ({self.reason})")
+      return (f"run-parallel: {self.num_runs} runs over {self.devices} devices, {self.runs_per_device} "
+              f"per device ({self.reason}){blocks}")
     if self.mode == "data":
       return f"data-parallel: each of {self.num_runs} runs' batch split over {self.devices} devices ({self.reason})"
-    return f"one device: {self.num_runs} runs ({self.reason})"
+    return f"one device: {self.num_runs} runs ({self.reason}){blocks}"
 
   def record(self) -> dict:
     """What results.json's environment keeps of it."""
-    return {"mode": self.mode, "devices": self.devices, "runs": self.num_runs, "reason": self.reason}
+    return {"mode": self.mode, "devices": self.devices, "runs": self.num_runs, "reason": self.reason,
+            "run_block": self.run_block}
 SCHEDULES = ("constant", "cosine")
 DECAY_ON = ("all", "matrices")
 QK_MASK_DECAY = ("legacy", "none", "init")
@@ -122,6 +133,12 @@ class LoopSettings:
   data_parallel: split every run's batch over all devices (a mesh over jax.devices());
     fsdp: also shard large state leaves over them; grad_reduction: "xla" or "ordered"
     (see `make_train_step`); batches: "host" (built by numpy) or "device" (drawn inside the step).
+  parallel: where the stacked runs go (`placement`); run_block: how many of a device's runs are
+    stepped together (`train_seeds`): "all" (one vmapped block: the fastest on an accelerator, but a
+    run's float32 bits then depend on how many runs share its device), a number k (k at a time: a
+    run's bits depend only on k, so a run alone on its device equals the same run among others on
+    one device), or "auto": 1 on a CPU (compute-bound from one run, so stepping runs one at a
+    time costs little there), "all" on an accelerator.
   optimizer, learning_rate, weight_decay, mask_lr_multiplier, freeze_mask: the optimizer
     (`optimizer()`, `maskprior_jax.optim.mask_prior_optimizer`).
   The recipe: warmup_steps (linear from 0), schedule ("constant", or "cosine" to 0 at `steps`),
@@ -143,6 +160,7 @@ class LoopSettings:
   grad_reduction: str = "xla"
   batches: str = "host"
   parallel: str = "auto"
+  run_block: str = "auto"
   optimizer_name: str = "adamw"
   learning_rate: float = 1e-3
   weight_decay: float = 0.0
@@ -168,6 +186,8 @@ class LoopSettings:
       raise ValueError(f"train.batches must be {' or '.join(BATCH_SOURCES)}, not {self.batches!r}")
     if self.parallel not in PARALLEL:
       raise ValueError(f"train.parallel must be {', '.join(PARALLEL)}, not {self.parallel!r}")
+    if not (self.run_block in ("auto", "all") or (str(self.run_block).isdigit() and int(self.run_block) > 0)):
+      raise ValueError(f"train.run_block must be auto, all or a positive number of runs, not {self.run_block!r}")
     if self.data_parallel and self.parallel not in ("auto", "data"):
       raise ValueError(f"train.data_parallel=true splits every batch over the devices: not with "
                        f"train.parallel={self.parallel}")
@@ -225,7 +245,27 @@ class LoopSettings:
     """A mesh over all devices when data parallel (None otherwise)."""
     return data_mesh() if (self.data_parallel or self.parallel == "data") else None
 
+  def run_block_for(self, runs_per_device: int) -> int:
+    """`run_block` as a number for a device holding `runs_per_device` runs (0: all in one block)."""
+    block = self.run_block
+    if block == "auto":
+      block = "1" if jax.default_backend() == "cpu" else "all"
+    if block == "all":
+      return 0
+    if runs_per_device % int(block):
+      raise ValueError(f"train.run_block={block}: {runs_per_device} runs per device do not split into blocks of "
+                       f"{block}")
+    return int(block)
+
   def placement(self, num_runs: int, params_per_run: int = 0) -> Placement:
+    """Where `num_runs` stacked runs of `params_per_run` parameters each train (`parallel`), and how
+    many of a device's runs are stepped together (`run_block`)."""
+    where = self._where(num_runs, params_per_run)
+    if where.mode == "data":   # every device holds a share of every run: no runs of its own to block
+      return where
+    return dataclasses.replace(where, run_block=self.run_block_for(where.runs_per_device))
+
+  def _where(self, num_runs: int, params_per_run: int = 0) -> Placement:
     """Where `num_runs` stacked runs of `params_per_run` parameters each train (`parallel`):
     "data" (or `data_parallel`): every run's batch split over all devices; "runs": whole runs
     spread over the devices (`sharding.runs_mesh`: the largest device count that divides the
@@ -388,7 +428,7 @@ def _value_and_grad(loss_fn: LossFn, mesh: Mesh | None, grad_reduction: str, sta
 def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation,
                                device_batch_fn: Callable[[jax.Array, jax.Array], Any], num_runs: int, *,
                                steps_per_call: int = 1, mesh: Mesh | None = None, state_sharding=None,
-                               donate: bool = True, grad_reduction: str = "xla"):
+                               donate: bool = True, grad_reduction: str = "xla", runs_argument: bool = False):
   """A jitted `step(state, first_step) -> (state, metrics)` that draws its own batches on the
   device: `device_batch_fn(step, run)` (traced; int32 scalars) returns run `run`'s batch for
   training step `step`, a pure function of the two (e.g. indices drawn with a key folded from
@@ -398,7 +438,10 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   `steps_per_call` steps (metrics stacked on a leading step axis). With a `mesh`, every run's
   batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
   partitionable threefry gives the same numbers whatever the sharding). `grad_reduction` as in
-  `make_train_step`. With a "runs" mesh each device draws and steps only its own runs."""
+  `make_train_step`. With a "runs" mesh each device draws and steps only its own runs.
+  runs_argument (one device, no mesh): the step is `step(state, first_step, runs)`, `runs` the
+  int32 indices of the `num_runs` runs the state holds (a block of a larger set of runs).
+  """
   by_run = is_runs_mesh(mesh)
   step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=None if by_run else _value_and_grad(
       loss_fn, mesh, grad_reduction, state_sharding)))
@@ -412,6 +455,16 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
 
   def call(state, first_step):
     return jax.lax.scan(one, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
+
+  if runs_argument:
+    if mesh is not None:
+      raise ValueError("runs_argument: a one-device step (the caller places each block of runs)")
+
+    def with_runs(state, first_step, block_runs):
+      def one_of(st, i):
+        return step(st, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, block_runs))
+      return jax.lax.scan(one_of, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
+    return jax.jit(with_runs, donate_argnums=(0,) if donate else ())
 
   if by_run:   # each device draws and steps its own runs: the run indices are sharded with the state
     def one_local(state, i, local_runs):
@@ -432,6 +485,60 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
     state_spec = replicated(mesh) if state_sharding is None else state_sharding
     kwargs = dict(in_shardings=(state_spec, replicated(mesh)), out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
+
+
+class _RunBlocks:
+  """A loop's runs cut into blocks of `k`, each block kept on the device that holds its runs and
+  stepped by one compiled k-run program (one call per block, dispatched without waiting). The
+  program is the same for every block on every device, so a run's bits depend only on k: not on
+  how many runs share its device, nor on how many devices or processes there are. `join` puts
+  the blocks back together as the stacked state (sharded as the placement says), for the loop's
+  sync points (evaluation, checkpoints, the non-finite check); `split` cuts a stacked state."""
+
+  def __init__(self, placement: Placement, k: int, num_runs: int, own_start: int):
+    self.mesh, self.k = placement.mesh, k
+    devices = [jax.devices()[0]] if self.mesh is None else list(self.mesh.devices.flat)
+    self.per_device = num_runs // len(devices)
+    self.devices = [d for d in devices if d.process_index == jax.process_index()]
+    starts = {d: devices.index(d) * self.per_device for d in self.devices}
+    # (device, first run's global index, first run's index among this process's runs)
+    self.blocks = [(d, starts[d] + j, starts[d] + j - own_start) for d in self.devices
+                   for j in range(0, self.per_device, k)]
+    self.runs = [jax.device_put(np.arange(g, g + k, dtype=np.int32), d) for d, g, _ in self.blocks]
+
+  def split(self, tree):
+    def leaf(a):
+      shards = {s.device: s for s in a.addressable_shards}
+      out = []
+      for d, g, _ in self.blocks:
+        start = shards[d].index[0].start or 0
+        out.append(shards[d].data[g - start:g - start + self.k])
+      return out
+    leaves, treedef = jax.tree.flatten(tree)
+    per_leaf = [leaf(a) for a in leaves]
+    return [jax.tree.unflatten(treedef, [p[b] for p in per_leaf]) for b in range(len(self.blocks))]
+
+  def join(self, trees, run_axis: int = 0):
+    leaves = [jax.tree.leaves(t) for t in trees]
+    treedef = jax.tree.structure(trees[0])
+    per_device = len(self.blocks) // len(self.devices)
+    out = []
+    for i in range(len(leaves[0])):
+      parts = [jnp.concatenate([leaves[b][i] for b in range(j * per_device, (j + 1) * per_device)], axis=run_axis)
+               for j in range(len(self.devices))]
+      if self.mesh is None:
+        out.append(parts[0])
+        continue
+      shape = list(parts[0].shape)
+      shape[run_axis] *= int(self.mesh.devices.size)
+      out.append(jax.make_array_from_single_device_arrays(tuple(shape), run_sharding(self.mesh, run_axis), parts))
+    return jax.tree.unflatten(treedef, out)
+
+  def host_batch(self, batch, b: int, run_axis: int):
+    """Block b's rows of a host batch stacked over this process's runs, on the block's device."""
+    d, _, own = self.blocks[b]
+    cut = (slice(None),) * run_axis + (slice(own, own + self.k),)
+    return jax.device_put(jax.tree.map(lambda a: np.asarray(a)[cut], batch), d)
 
 
 def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = None,
@@ -546,6 +653,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     placement = mesh
   elif mesh is not None:
     placement = Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds), "given mesh")
+    if placement.mode == "runs":
+      placement = dataclasses.replace(placement, run_block=loop.run_block_for(placement.runs_per_device))
   else:
     placement = loop.placement(len(seeds), num_params(variables[0]))
   mesh, by_run = placement.mesh, placement.mode == "runs"
@@ -557,7 +666,15 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   batch_fn = None if device_batch_fn is not None else batches
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
   state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp and not by_run) else None
-  if device_batch_fn is not None:
+  blocked = placement.run_block > 0
+  if blocked:   # one k-run program for every block of runs, wherever it lies (see _RunBlocks)
+    k = placement.run_block
+    if device_batch_fn is not None:
+      call = make_generating_train_step(loss_fn, tx, device_batch_fn, k, steps_per_call=steps_per_call,
+                                        donate=False, runs_argument=True)
+    else:
+      call = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, donate=False)
+  elif device_batch_fn is not None:
     call = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
                                          mesh=mesh, state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
   else:
@@ -566,7 +683,9 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
   builds_part = (mesh is not None and not by_run and batch_fn is not None
                  and "part" in inspect.signature(batch_fn).parameters)
-  own_runs = list(seeds)[distributed.process_slice(len(seeds))] if by_run else list(seeds)
+  own_slice = distributed.process_slice(len(seeds)) if by_run else slice(0, len(seeds))
+  own_runs = list(seeds)[own_slice]
+  blocks = _RunBlocks(placement, placement.run_block, len(seeds), own_slice.start or 0) if blocked else None
 
   def host_batch(step):
     if by_run:
@@ -600,6 +719,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         logger.info("[%s] resumed from the checkpoint at step %d", label, done)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
+  parts = blocks.split(states) if blocked else None   # the blocks' states (blocked: `states` at sync points)
   faults.point("compile")
   progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
   progress.last_step = done
@@ -645,7 +765,16 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     with ckpt.SigtermFlag(install=not several) as sigterm:
       while done < steps:
         # No host sync here: the device runs ahead while the next batch is built.
-        if device_batch_fn is not None:
+        if blocked:
+          if device_batch_fn is not None:
+            out = [call(part, np.int32(done), runs) for part, runs in zip(parts, blocks.runs)]
+          else:
+            chunk = [host_batch(done + j) for j in range(steps_per_call)]
+            batch = jax.tree.map(lambda *xs: np.stack(xs), *chunk) if steps_per_call > 1 else chunk[0]
+            out = [call(part, blocks.host_batch(batch, b, lead - 1)) for b, part in enumerate(parts)]
+          parts = [o[0] for o in out]
+          metrics = blocks.join([o[1] for o in out], run_axis=lead - 1)
+        elif device_batch_fn is not None:
           states, metrics = call(states, np.int32(done))
         else:
           chunk = [host_batch(done + j) for j in range(steps_per_call)]
@@ -653,7 +782,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           states, metrics = call(states, place(batch))
         done += steps_per_call
         if t_first is None:   # the timing starts once the first (compiling) call has run
-          jax.block_until_ready(states)
+          jax.block_until_ready(parts if blocked else states)
           first_done, t_first = done, time.perf_counter()
         if log_train is not None:
           add_window(metrics)
@@ -663,6 +792,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         save_now = (checkpoint_every and done % checkpoint_every == 0) or done == steps or term
         if not (log_now or eval_now or save_now):
           continue
+        if blocked:
+          states = blocks.join(parts)
         check_finite()
         if log_now:
           loss = distributed.host_tree(metrics["loss"])

@@ -205,10 +205,14 @@ RUNS_ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "8", "--
 @pytest.mark.xdist_group("multiprocess_xla")
 def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
   """8 runs, one per device: 2 processes x 4 devices (each process holds and steps its own 4 runs)
-  end on the states of 1 process x 8 devices bit for bit; nothing is reduced across devices."""
+  end on the states of 1 process x 8 devices bit for bit, and on those of the same 8 runs on a
+  single device; nothing is reduced across devices."""
   one = tmp_path / "one"
   subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(one)],
                  env=_env(8), check=True, capture_output=True, timeout=900)
+  single = tmp_path / "single"
+  subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(single)],
+                 env=_env(1), check=True, capture_output=True, timeout=900)
   two = tmp_path / "two"
   port = _port()
   procs = [subprocess.Popen([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(two),
@@ -222,3 +226,6 @@ def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
   assert a["environment"]["placement"]["mask"]["mode"] == b["environment"]["placement"]["mask"]["mode"] == "runs"
   assert [r["state_sha256"] for r in b["runs"]] == [r["state_sha256"] for r in a["runs"]]
   assert b["runs"] == a["runs"]
+  c = _results(single)
+  assert c["environment"]["placement"]["mask"]["mode"] == "single" and len(c["environment"]["devices"]) == 1
+  assert [r["state_sha256"] for r in c["runs"]] == [r["state_sha256"] for r in a["runs"]]

@@ -196,21 +196,29 @@ def test_seed_vmap_and_scan_equal_sequential_runs():
       np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-6)
 
 
-def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_shards():
+@pytest.mark.parametrize("run_block", ["all", "1"])
+def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_shards(run_block):
   """train.train_seeds (the one loop) runs exactly the compiled step: the same state, bit for bit,
-  as calling the seed-vmapped step by hand; it evaluates at 0, every eval_every steps and the end."""
+  as calling the seed-vmapped step by hand (train.run_block=all: on both seeds at once; 1: on each
+  seed alone); it evaluates at 0, every eval_every steps and the end."""
   model = _model()
   tx = mp.mask_prior_optimizer(0.1, name="sgd")
   seeds = [0, 1]
   batch_fn = lambda step, seeds_: train.stack_trees([_batch(100 * s + step, 32) for s in seeds_])
   variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in seeds]
   step = train.make_train_step(_loss_fn(model), tx, seed_axis=True, donate=False)
-  expected = train.stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
-  for i in range(6):
-    expected, _ = step(expected, batch_fn(i, seeds))
+  blocks = [seeds] if run_block == "all" else [[s] for s in seeds]
+  expected = []
+  for block in blocks:
+    st = train.stack_trees([train.create_state(variables[s], tx, jax.random.key(s)) for s in block])
+    for i in range(6):
+      st, _ = step(st, batch_fn(i, block))
+    expected.append(st)
+  expected = jax.tree.map(lambda *a: np.concatenate(a), *expected)
   state, history = train.train_seeds(
       loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=seeds, batches=batch_fn,
-      settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=1, eval_every=2, log_every=3, parallel="off"),
+      settings=train.LoopSettings(steps=6, batch_size=32, steps_per_call=1, eval_every=2, log_every=3, parallel="off",
+                                  run_block=run_block),
       eval_fn=lambda s, v: {"loss0": jax.vmap(lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop")
   assert [h["step"] for h in history] == [0, 2, 4, 6] and all(np.all(np.isfinite(h["loss0"])) for h in history)
   for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):

@@ -110,7 +110,9 @@ def base_config() -> ml_collections.ConfigDict:
     `train.LoopSettings`; the defaults are a constant rate, no clipping, decay on every weight);
     parallel: where a method's stacked runs go: "auto" (whole runs spread over several devices for
     a small model, see `train.LoopSettings.placement`), "runs", "data" (every run's batch split
-    over all devices) or "off" (one device); data_parallel=true is the older spelling of
+    over all devices) or "off" (one device); run_block: how many of a device's runs are stepped
+    together ("auto": one at a time on a CPU, all at once on an accelerator; "all"; or a number:
+    see `train.LoopSettings`); data_parallel=true is the older spelling of
     parallel="data", and splits every run's batch over all devices (a mesh over jax.devices()); fsdp also
     shards large weights and optimizer state over them (with data_parallel); batches: "host"
     (built by numpy) or "device" (drawn inside the compiled step from the training set held on the
@@ -125,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
   """
   c = ml_collections.ConfigDict()
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
-                 steps_per_call=50, parallel="auto", data_parallel=False, fsdp=False, batches="host", grad_reduction="xla",
+                 steps_per_call=50, parallel="auto", run_block="auto", data_parallel=False, fsdp=False, batches="host", grad_reduction="xla",
                  warmup_steps=0, schedule="constant", grad_clip_norm=0.0, b2=0.999, decay_on="all",
                  qk_mask_decay="legacy")
   c.eval = dict(every_steps=250, probe_size=64)
@@ -147,7 +149,7 @@ def loop_settings(cfg: ml_collections.ConfigDict, learning_rate: float | None = 
     return LoopSettings(
         steps=t.steps, log_every=min(250, cfg.eval.every_steps or t.steps), batch_size=t.batch_size, steps_per_call=t.steps_per_call, eval_every=cfg.eval.every_steps,
         checkpoint_every=cfg.checkpoint.every_steps, max_to_keep=cfg.checkpoint.max_to_keep,
-        parallel=t.parallel, data_parallel=t.data_parallel, fsdp=t.fsdp, grad_reduction=t.grad_reduction, batches=t.batches,
+        parallel=t.parallel, run_block=str(t.run_block), data_parallel=t.data_parallel, fsdp=t.fsdp, grad_reduction=t.grad_reduction, batches=t.batches,
         optimizer_name=t.optimizer, learning_rate=t.learning_rate if learning_rate is None else learning_rate,
         weight_decay=t.weight_decay, mask_lr_multiplier=cfg.prior.mask_lr_multiplier,
         freeze_mask=cfg.prior.mode == "frozen", warmup_steps=t.warmup_steps, schedule=t.schedule,
@@ -164,7 +166,7 @@ LATER_KEYS = {
     "train.warmup_steps": 0, "train.schedule": "constant", "train.grad_clip_norm": 0.0,
     "train.b2": 0.999, "train.decay_on": "all", "train.qk_mask_decay": "legacy",
     "task.val_size": 0, "task.coupling": "rows", "task.coupling_max_position": 20, "prior.corruption": 0.0,
-    "train.parallel": "auto",
+    "train.parallel": "auto", "train.run_block": "all",
 }
 
 

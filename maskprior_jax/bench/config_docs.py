@@ -12,6 +12,7 @@ KEY_DOCS = {
     "train.weight_decay": "decoupled weight decay (AdamW) on the leaves `train.decay_on` names",
     "train.steps_per_call": "steps per compiled call (`lax.scan`); the eval and checkpoint cadences divide by it",
     "train.parallel": "where a method's stacked runs go: `auto` (whole runs over several devices for a small model, one device otherwise, data parallel for a large one), `runs` (whole runs spread over the devices; each run computed as on one device), `data` (every run's batch split over all devices) or `off` (one device)",
+    "train.run_block": "how many of a device's runs are stepped together: `auto` (one at a time on a CPU, all at once on an accelerator), `all` (one vmapped block; a run's bits then depend on how many runs share its device; the runs committed before this key existed) or a number k (k at a time: a run's bits depend only on k, the same alone on its device as among others on one device)",
     "train.data_parallel": "older spelling of `train.parallel=data`: split every run's batch over all devices (a mesh over `jax.devices()`)",
     "train.fsdp": "with `data_parallel`: also shard large weights and optimizer state over the devices",
     "train.batches": "`host` (built by numpy each step) or `device` (drawn inside the compiled step from data held on the device)",

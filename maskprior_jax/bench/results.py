@@ -29,6 +29,20 @@ class ReportError(ValueError):
   """Run folders that cannot be reported together (reported as one line)."""
 
 
+def _differences(there: dict, here: dict, limit: int = 3) -> str:
+  """The keys in which two run records differ, as "key: there -> here" (absent: a key one lacks,
+  e.g. one added to the config after that folder was recorded), the first `limit` of them."""
+  def flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+  a, b = flat(there), flat(here)
+  keys = [k for k in sorted(set(a) | set(b)) if a.get(k, "absent") != b.get(k, "absent")]
+  shown = ", ".join(f"{k}: {a.get(k, 'absent')!r} there, {b.get(k, 'absent')!r} here" for k in keys[:limit])
+  return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
 @contextlib.contextmanager
 def open_workdir(workdir: str | os.PathLike, record: dict, fresh: bool, command: str):
   """The run folder for one command, held for the command's whole run. Entered once every input
@@ -58,8 +72,8 @@ def open_workdir(workdir: str | os.PathLike, record: dict, fresh: bool, command:
   def check_record(move: bool) -> None:
     old = None if fresh else workdir_lib.read_json(cfg_path, lambda r: isinstance(r, dict), move=move)
     if old is not None and old != record:
-      raise UsageError(f"{workdir} holds a run with a different config or command; use another "
-                       f"--workdir, or --fresh to start over there")
+      raise UsageError(f"{workdir} holds a run with a different config or command ({_differences(old, record)}); "
+                       f"use another --workdir, or --fresh to start over there")
   check_record(move=False)   # before the lock: a refused command leaves the folder as it was
   lock, busy = workdir_lib.WorkdirLock(workdir, command), None
   if is_main_process():
