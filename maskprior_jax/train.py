@@ -13,6 +13,7 @@ optimizer of `maskprior_jax.optim` never changes them itself).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import logging
@@ -487,6 +488,18 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _cut(tree, k: int, blocks: int):
+  """A tree's leading axis cut into `blocks` blocks of `k` (one compiled program for the whole tree)."""
+  return [jax.tree.map(lambda a: a[i * k:(i + 1) * k], tree) for i in range(blocks)]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _concat(trees, axis: int):
+  """Trees of the same structure concatenated leaf by leaf along `axis` (one compiled program)."""
+  return trees[0] if len(trees) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *trees)
+
+
 class _RunBlocks:
   """A loop's runs cut into blocks of `k`, each block kept on the device that holds its runs and
   stepped by one compiled k-run program (one call per block, dispatched without waiting). The
@@ -507,32 +520,29 @@ class _RunBlocks:
     self.runs = [jax.device_put(np.arange(g, g + k, dtype=np.int32), d) for d, g, _ in self.blocks]
 
   def split(self, tree):
-    def leaf(a):
-      shards = {s.device: s for s in a.addressable_shards}
-      out = []
-      for d, g, _ in self.blocks:
-        start = shards[d].index[0].start or 0
-        out.append(shards[d].data[g - start:g - start + self.k])
-      return out
-    leaves, treedef = jax.tree.flatten(tree)
-    per_leaf = [leaf(a) for a in leaves]
-    return [jax.tree.unflatten(treedef, [p[b] for p in per_leaf]) for b in range(len(self.blocks))]
+    """A stacked state (as the placement lays it out) cut into the blocks' states."""
+    out = []
+    for d in self.devices:
+      local = jax.tree.map(lambda a: next(s.data for s in a.addressable_shards if s.device == d), tree)
+      # committed to the device, as the step's outputs are: the step compiles once, not again at its
+      # second call
+      out += _cut(jax.device_put(local, d), self.k, self.per_device // self.k)
+    return out
 
   def join(self, trees, run_axis: int = 0):
-    leaves = [jax.tree.leaves(t) for t in trees]
-    treedef = jax.tree.structure(trees[0])
+    """The blocks' trees (states, or metrics with the run axis at `run_axis`) stacked back, one
+    compiled concatenation per device, sharded as the placement lays the runs out."""
     per_device = len(self.blocks) // len(self.devices)
-    out = []
-    for i in range(len(leaves[0])):
-      parts = [jnp.concatenate([leaves[b][i] for b in range(j * per_device, (j + 1) * per_device)], axis=run_axis)
-               for j in range(len(self.devices))]
-      if self.mesh is None:
-        out.append(parts[0])
-        continue
-      shape = list(parts[0].shape)
+    parts = [_concat(tuple(trees[j * per_device:(j + 1) * per_device]), run_axis) for j in range(len(self.devices))]
+    if self.mesh is None:
+      return parts[0]
+    sharding = run_sharding(self.mesh, run_axis)
+
+    def whole(*local):
+      shape = list(local[0].shape)
       shape[run_axis] *= int(self.mesh.devices.size)
-      out.append(jax.make_array_from_single_device_arrays(tuple(shape), run_sharding(self.mesh, run_axis), parts))
-    return jax.tree.unflatten(treedef, out)
+      return jax.make_array_from_single_device_arrays(tuple(shape), sharding, list(local))
+    return jax.tree.map(whole, *parts)
 
   def host_batch(self, batch, b: int, run_axis: int):
     """Block b's rows of a host batch stacked over this process's runs, on the block's device."""
@@ -624,7 +634,10 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   mesh: where the runs go: a `Placement`, or a mesh, or None for `settings.placement(len(seeds),
   parameters per run)`; the progress log says which. Run-parallel (a "runs" mesh): each
   device holds and steps whole runs, each process builds only its own runs' host batches, and no
-  value crosses devices inside the step, so every run is computed as it would be alone.
+  value crosses devices inside the step, so every run is computed as it would be alone. With
+  `placement.run_block` k > 0 (`LoopSettings.run_block`; on a CPU by default) each device's runs
+  are stepped k at a time by one compiled k-run program, a call per block: a run's bits then
+  depend only on k, not on the layout (see `_RunBlocks`).
   With a "data" mesh,
   every seed's batch is split over its "data" axis (data parallel, the state replicated); the
   batch size must divide by its size, and each process feeds only its rows of the global batch
