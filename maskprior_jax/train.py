@@ -721,6 +721,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
     states = _put(states, run_sharding(mesh))
   elif mesh is not None:
     states = jax.device_put(states, state_sharding or replicated(mesh))
+  elif blocked:   # committed, as the joined states of later evaluations are: evaluation compiles once
+    states = jax.device_put(states, blocks.devices[0])
   if checkpointer is not None:
     # Restored straight into the state's sharding: with several processes each reads its shards.
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), states)
@@ -733,6 +735,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
   parts = blocks.split(states) if blocked else None   # the blocks' states (blocked: `states` at sync points)
+  if blocked:
+    states = blocks.join(parts)   # compiles the join here, not at the first sync point inside the loop
   faults.point("compile")
   progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
   progress.last_step = done
