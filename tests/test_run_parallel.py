@@ -107,6 +107,22 @@ def test_the_run_parallel_step_has_no_collective(source):
   assert COLLECTIVES.search(dp.lower(state, _batch_fn(0, range(8))).compile().as_text())
 
 
+def test_the_run_block_step_is_a_one_device_program_with_no_collective():
+  """With run blocks (the CPU default) each device's blocks run the one k-run program compiled for
+  that device alone: no partitions, no collective."""
+  tx = optax.adam(1e-2)
+  device = jax.devices()[5]
+  state = jax.device_put(train.stack_trees([train.create_state(_variables(3), tx, jax.random.key(3))]), device)
+  step = train.make_generating_train_step(_loss, tx, _device_fn, 1, steps_per_call=2, donate=False,
+                                          runs_argument=True)
+  compiled = step.lower(state, np.int32(0), jax.device_put(np.arange(3, 4, dtype=np.int32), device)).compile()
+  hlo = compiled.as_text()
+  assert "num_partitions=1" in hlo or "num_partitions" not in hlo
+  assert not COLLECTIVES.search(hlo), COLLECTIVES.search(hlo).group(0)
+  out, _ = step(state, np.int32(0), jax.device_put(np.arange(3, 4, dtype=np.int32), device))
+  assert jax.tree.leaves(out)[0].devices() == {device}   # ran where its runs lie
+
+
 def _states_equal(a, b):
   return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
