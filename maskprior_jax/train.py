@@ -261,8 +261,12 @@ class LoopSettings:
   def placement(self, num_runs: int, params_per_run: int = 0) -> Placement:
     """Where `num_runs` stacked runs of `params_per_run` parameters each train (`parallel`), and how
     many of a device's runs are stepped together (`run_block`)."""
-    where = self._where(num_runs, params_per_run)
-    if where.mode == "data":   # every device holds a share of every run: no runs of its own to block
+    return self.with_run_block(self._where(num_runs, params_per_run))
+
+  def with_run_block(self, where: Placement) -> Placement:
+    """`where` with this `run_block` for its runs per device (none with data parallel, where every
+    device holds a share of every run)."""
+    if where.mode == "data":
       return where
     return dataclasses.replace(where, run_block=self.run_block_for(where.runs_per_device))
 
@@ -457,24 +461,18 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   def call(state, first_step):
     return jax.lax.scan(one, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
 
+  def with_runs(state, first_step, given_runs):   # the runs `given_runs` the state holds, their own batches
+    def one_of(st, i):
+      return step(st, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, given_runs))
+    return jax.lax.scan(one_of, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
+
   if runs_argument:
     if mesh is not None:
       raise ValueError("runs_argument: a one-device step (the caller places each block of runs)")
-
-    def with_runs(state, first_step, block_runs):
-      def one_of(st, i):
-        return step(st, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, block_runs))
-      return jax.lax.scan(one_of, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
     return jax.jit(with_runs, donate_argnums=(0,) if donate else ())
 
   if by_run:   # each device draws and steps its own runs: the run indices are sharded with the state
-    def one_local(state, i, local_runs):
-      return step(state, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, local_runs))
-
-    def local_call(state, first_step, local_runs):
-      steps = first_step + jnp.arange(steps_per_call, dtype=jnp.int32)
-      return jax.lax.scan(lambda st, i: one_local(st, i, local_runs), state, steps)
-    sharded = _per_device(local_call, mesh, (P("runs"), P(), P("runs")), (P("runs"), P(None, "runs")))
+    sharded = _per_device(with_runs, mesh, (P("runs"), P(), P("runs")), (P("runs"), P(None, "runs")))
 
     def call(state, first_step):
       return sharded(state, first_step, runs)
@@ -665,9 +663,8 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   if isinstance(mesh, Placement):
     placement = mesh
   elif mesh is not None:
-    placement = Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds), "given mesh")
-    if placement.mode == "runs":
-      placement = dataclasses.replace(placement, run_block=loop.run_block_for(placement.runs_per_device))
+    placement = loop.with_run_block(Placement("runs" if is_runs_mesh(mesh) else "data", mesh, len(seeds),
+                                              "given mesh"))
   else:
     placement = loop.placement(len(seeds), num_params(variables[0]))
   mesh, by_run = placement.mesh, placement.mode == "runs"
@@ -707,6 +704,11 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
       return batch_fn(step, seeds, part=distributed.process_part())   # this process's rows only
     return batch_fn(step, seeds)
 
+  def host_chunk(step):
+    """The host batches of one call (stacked on a leading step axis when it runs several steps)."""
+    chunk = [host_batch(step + j) for j in range(steps_per_call)]
+    return jax.tree.map(lambda *xs: np.stack(xs), *chunk) if steps_per_call > 1 else chunk[0]
+
   def place(batch):
     if mesh is None:
       return batch
@@ -734,8 +736,9 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
         logger.info("[%s] resumed from the checkpoint at step %d", label, done)
   if history is None:
     history = [{"step": 0, **_host(eval_fn(0, states.variables))}]
-  parts = blocks.split(states) if blocked else None   # the blocks' states (blocked: `states` at sync points)
+  parts = None   # blocked: the blocks' states, and `states` joined from them at sync points
   if blocked:
+    parts = blocks.split(states)
     states = blocks.join(parts)   # compiles the join here, not at the first sync point inside the loop
   faults.point("compile")
   progress = Progress(steps, label=label, every=log_every, enabled=distributed.is_main_process())
@@ -786,17 +789,14 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
           if device_batch_fn is not None:
             out = [call(part, np.int32(done), runs) for part, runs in zip(parts, blocks.runs)]
           else:
-            chunk = [host_batch(done + j) for j in range(steps_per_call)]
-            batch = jax.tree.map(lambda *xs: np.stack(xs), *chunk) if steps_per_call > 1 else chunk[0]
+            batch = host_chunk(done)
             out = [call(part, blocks.host_batch(batch, b, lead - 1)) for b, part in enumerate(parts)]
           parts = [o[0] for o in out]
           metrics = blocks.join([o[1] for o in out], run_axis=lead - 1)
         elif device_batch_fn is not None:
           states, metrics = call(states, np.int32(done))
         else:
-          chunk = [host_batch(done + j) for j in range(steps_per_call)]
-          batch = stack_trees(chunk) if steps_per_call > 1 else chunk[0]
-          states, metrics = call(states, place(batch))
+          states, metrics = call(states, place(host_chunk(done)))
         done += steps_per_call
         if t_first is None:   # the timing starts once the first (compiling) call has run
           jax.block_until_ready(parts if blocked else states)

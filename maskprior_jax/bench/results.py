@@ -32,12 +32,8 @@ class ReportError(ValueError):
 def _differences(there: dict, here: dict, limit: int = 3) -> str:
   """The keys in which two run records differ, as "key: there -> here" (absent: a key one lacks,
   e.g. one added to the config after that folder was recorded), the first `limit` of them."""
-  def flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-  a, b = flat(there), flat(here)
+  from flax import traverse_util
+  a, b = traverse_util.flatten_dict(there, sep="."), traverse_util.flatten_dict(here, sep=".")
   keys = [k for k in sorted(set(a) | set(b)) if a.get(k, "absent") != b.get(k, "absent")]
   shown = ", ".join(f"{k}: {a.get(k, 'absent')!r} there, {b.get(k, 'absent')!r} here" for k in keys[:limit])
   return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
