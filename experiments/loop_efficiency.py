@@ -5,7 +5,9 @@ logging, evaluation, checkpoints and TensorBoard; `runner.run`, what every `mask
 calls): the loop's steps/s (the loop's own timing, from the end of its first, compiling call to its
 end, every evaluation, log line and checkpoint included) divided by the steps/s of the same
 compiled step with device batches, called back to back with nothing else. Both batch sources are
-measured (`host`: numpy batches built every step, the configs' default; `device`). Then run
+measured (`host`: numpy batches built every step; `device`), each `--repeats` times, the bare step
+timed just before and just after every loop (the median of those six timings is the denominator: a
+shared machine's speed drifts between minutes); the tables give every repeat. Then run
 scaling: run-steps/s (steps/s x stacked runs) of the Boolean default's step for 1, 5, 20 and 80
 stacked runs. One JSON line per measurement; `--markdown` prints the tables.
 
@@ -134,6 +136,7 @@ def main():
   p.add_argument("--seeds", type=int, default=3, help="runs per loop (the commands' default: 3)")
   p.add_argument("--steps", type=int, default=0, help="train.steps (0: the config's default)")
   p.add_argument("--calls", type=int, default=10, help="calls of the bare step per timing")
+  p.add_argument("--repeats", type=int, default=2, help="loop measurements per benchmark and batch source")
   p.add_argument("--runs", default="1,5,20,80", help="stacked runs for the scaling table (Boolean default)")
   p.add_argument("--run-blocks", default="all,1",
                  help="train.run_block values for the scaling table (all: one vmapped block; 1: one run at a time)")
@@ -147,13 +150,19 @@ def main():
   seeds = list(range(a.seeds))
   for name in a.benchmarks.split(","):
     for batches in ("host", "device"):
-      bench, loop = loop_rate(name, seeds, batches, a.steps)
-      bare = step_rate(bench, len(seeds), a.calls)
-      row = {"kind": "loop", "benchmark": name, "batches": batches, "seeds": len(seeds), **loop, **bare,
-             "efficiency": loop["loop_steps_per_s"] / bare["step_steps_per_s"],
-             "efficiency_without_evaluation": loop["loop_steps_per_s_without_evaluation"] / bare["step_steps_per_s"],
-             **env()}
-      print(json.dumps(row), file=out, flush=True)
+      for repeat in range(a.repeats):
+        # The bare step timed right before and right after the loop: a shared machine's speed drifts
+        # by a fifth within minutes, so the loop is compared with the step as fast as it ran around it.
+        before = step_rate(make_bench(name, seeds), len(seeds), a.calls)
+        bench, loop = loop_rate(name, seeds, batches, a.steps)
+        after = step_rate(bench, len(seeds), a.calls)
+        bare = {**after, "step_steps_per_s_each": before["step_steps_per_s_each"] + after["step_steps_per_s_each"]}
+        bare["step_steps_per_s"] = float(np.median(bare["step_steps_per_s_each"]))
+        row = {"kind": "loop", "benchmark": name, "batches": batches, "seeds": len(seeds), "repeat": repeat,
+               **loop, **bare, "efficiency": loop["loop_steps_per_s"] / bare["step_steps_per_s"],
+               "efficiency_without_evaluation": loop["loop_steps_per_s_without_evaluation"] / bare["step_steps_per_s"],
+               **env()}
+        print(json.dumps(row), file=out, flush=True)
   bench = make_bench("boolean", [0])
   for block in a.run_blocks.split(","):
     for r in (int(t) for t in a.runs.split(",") if t):

@@ -72,7 +72,7 @@ def _key_data(rng):
 
 
 GRAD_REDUCTIONS = ("xla", "ordered")
-BATCH_SOURCES = ("host", "device")
+BATCH_SOURCES = ("host", "device", "auto")
 PARALLEL = ("auto", "runs", "data", "off")
 # "auto" spreads whole runs over devices up to this many parameters per run; a larger run has its
 # batch split over all devices instead (data parallel), where the collectives pay for themselves.
@@ -133,7 +133,9 @@ class LoopSettings:
   max_to_keep: checkpoints kept.
   data_parallel: split every run's batch over all devices (a mesh over jax.devices());
     fsdp: also shard large state leaves over them; grad_reduction: "xla" or "ordered"
-    (see `make_train_step`); batches: "host" (built by numpy) or "device" (drawn inside the step).
+    (see `make_train_step`); batches: "host" (built by numpy), "device" (drawn inside the step) or "auto" (a
+    benchmark's choice: device where its training set is held whole on the device; the loop itself
+    only sees the batch function it is given).
   parallel: where the stacked runs go (`placement`); run_block: how many of a device's runs are
     stepped together (`train_seeds`): "all" (one vmapped block: the fastest on an accelerator, but a
     run's float32 bits then depend on how many runs share its device), a number k (k at a time: a

@@ -116,11 +116,15 @@ def test_a_run_folder_recorded_before_the_recipe_keys_existed_still_matches():
   assert recorded["train"]["schedule"] == "cosine" and recorded["task"]["coupling"] == "published"
   for name in ("boolean",):
     cfg = builtin_config(name)
-    # The default steps a device's runs one at a time on a CPU (train.run_block=auto): other bits
-    # than the earlier folders' single vmapped block, so it is recorded and the digest differs.
-    assert as_recorded(cfg)["train"]["run_block"] == "auto"
+    # The default steps a device's runs one at a time on a CPU (train.run_block=auto) and draws its
+    # batches on the device (train.batches=auto): other bits and another stream than the earlier
+    # folders' single vmapped block of host batches, so both are recorded and the digest differs.
+    assert as_recorded(cfg)["train"]["run_block"] == "auto" and as_recorded(cfg)["train"]["batches"] == "auto"
+    assert config_digest({"cfg": cfg.to_dict()}) != config_digest({"cfg": {**cfg.to_dict(), "train": {
+        **cfg.to_dict()["train"], "batches": "host", "run_block": "all"}}})
     with cfg.unlocked():
       cfg.train.run_block = "all"
+      cfg.train.batches = "host"
     earlier = cfg.to_dict()
     for key in LATER_KEYS:
       section, leaf = key.split(".")

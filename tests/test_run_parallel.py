@@ -192,7 +192,7 @@ def test_the_cli_picks_run_parallel_by_itself(tmp_path, capsys):
   par = json.loads((tmp_path / "auto" / "results.json").read_text())
   env = par["environment"]
   assert env["placement"]["mask"]["mode"] == "runs" and env["placement"]["mask"]["devices"] == 8
-  assert env["placement"]["mask"]["run_block"] == 1 and env["batches"] == {"mask": "host"}
+  assert env["placement"]["mask"]["run_block"] == 1 and env["batches"] == {"mask": "device"}   # train.batches=auto: generated data on the device
   # The same seeds on one device: every run's state the same, bit for bit.
   assert cli.main(["boolean", "--task", "f2", "--seeds", "8", "--methods", "mask", "--workdir", str(tmp_path / "one"),
                    "--config.train.parallel=off", *short]) == 0

@@ -115,8 +115,9 @@ def base_config() -> ml_collections.ConfigDict:
     see `train.LoopSettings`); data_parallel=true is the older spelling of
     parallel="data", and splits every run's batch over all devices (a mesh over jax.devices()); fsdp also
     shards large weights and optimizer state over them (with data_parallel); batches: "host"
-    (built by numpy) or "device" (drawn inside the compiled step from the training set held on the
-    device); grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every
+    (built by numpy), "device" (drawn inside the compiled step from the training set held on the
+    device) or "auto" (device for every benchmark's generated or embedded data; host for data read
+    from TFDS, which is split over processes and may not fit a device: see `runner.batch_source`); grad_reduction (with data_parallel): "xla" (XLA's all-reduce) or "ordered" (every
     device's gradient gathered and summed in a fixed order: bit for bit the same state however the
     devices are spread over processes; not with fsdp).
   eval: every_steps (evaluation cadence), probe_size (inputs the attention persistence is measured on).
@@ -127,7 +128,7 @@ def base_config() -> ml_collections.ConfigDict:
   """
   c = ml_collections.ConfigDict()
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
-                 steps_per_call=50, parallel="auto", run_block="auto", data_parallel=False, fsdp=False, batches="host", grad_reduction="xla",
+                 steps_per_call=50, parallel="auto", run_block="auto", data_parallel=False, fsdp=False, batches="auto", grad_reduction="xla",
                  warmup_steps=0, schedule="constant", grad_clip_norm=0.0, b2=0.999, decay_on="all",
                  qk_mask_decay="legacy")
   c.eval = dict(every_steps=250, probe_size=64)

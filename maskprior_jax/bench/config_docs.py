@@ -15,7 +15,7 @@ KEY_DOCS = {
     "train.run_block": "how many of a device's runs are stepped together: `auto` (one at a time on a CPU, all at once on an accelerator), `all` (one vmapped block; a run's bits then depend on how many runs share its device; the runs committed before this key existed) or a number k (k at a time: a run's bits depend only on k, the same alone on its device as among others on one device)",
     "train.data_parallel": "older spelling of `train.parallel=data`: split every run's batch over all devices (a mesh over `jax.devices()`)",
     "train.fsdp": "with `data_parallel`: also shard large weights and optimizer state over the devices",
-    "train.batches": "`host` (built by numpy each step) or `device` (drawn inside the compiled step from data held on the device)",
+    "train.batches": "`host` (built by numpy each step), `device` (drawn inside the compiled step from data held on the device) or `auto` (device for generated and embedded data, host for TFDS data)",
     "train.grad_reduction": "with `data_parallel`: `xla` (XLA's all-reduce) or `ordered` (gathered and summed in a fixed order: the same bits however devices are spread over processes)",
     "train.warmup_steps": "linear warmup from 0 over this many steps",
     "train.schedule": "`constant`, or `cosine` decay to 0 at `train.steps`",

@@ -110,6 +110,12 @@ class Benchmark:
     that does not override this has no device batches (train.batches="device" is then refused)."""
     return None
 
+  def device_data(self) -> bool:
+    """Whether train.batches=auto draws on the device: the training set is small and held whole by
+    every process (default: wherever the benchmark has device batches; a benchmark whose data may be
+    large or split over processes says no)."""
+    return type(self).device_batches is not Benchmark.device_batches
+
   def eval_metrics(self, model) -> Callable[[dict, Any], dict]:
     """`metrics_fn(variables, data) -> dict of scalars` for one run during training (`data`: the
     run's slice of `eval_data`, or None)."""
@@ -166,6 +172,16 @@ def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[
                                      steps=bench.cfg.qk.fit_steps, learning_rate=bench.cfg.qk.fit_learning_rate)
     info["qk_fit_tv"] = tv
   return variables, info
+
+
+def batch_source(bench: Benchmark, method: str) -> str:
+  """Where a method's batches come from: train.batches, with "auto" resolved to "device" where the
+  benchmark holds its training set on the device (`Benchmark.device_data`) and "host" elsewhere.
+  The two are different streams, so different runs: results.json records the one used."""
+  source = bench.settings_for(method).batches
+  if source == "auto":
+    return "device" if bench.device_data() else "host"
+  return source
 
 
 def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh, probe: Probe):
@@ -230,7 +246,7 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
     def log_train(self, step, row):
       tensorboard.train(step, row)
 
-  if settings.batches == "device":
+  if batch_source(bench, method) == "device":
     batches = train.DeviceBatches(bench.device_batches(runs))
   else:
     batches = bench.host_batches(runs)
@@ -278,7 +294,7 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
     env = results.setdefault("environment", {})
     env.setdefault("placement", {})[method] = placement.record()
     # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
-    env.setdefault("batches", {})[method] = bench.settings_for(method).batches
+    env.setdefault("batches", {})[method] = batch_source(bench, method)
     for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, state.variables, runs, history))):
       results["runs"].append(results_lib.RunRecord(
           method=method, seed=int(r.seed), metrics=metrics,

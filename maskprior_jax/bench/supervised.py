@@ -22,9 +22,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from maskprior_jax import train
+from maskprior_jax import measure, train
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench import data as data_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench import supervised_report as report
 from maskprior_jax.bench.config import as_recorded, config_digest, loop_settings
@@ -165,6 +166,11 @@ class Supervised(runner.Benchmark):
       return train.stack_trees(out) if len(out) > 1 else jax.tree.map(lambda a: a[None], out[0])
     return batch_fn
 
+  def device_data(self):
+    """Device batches by default only for the embedded datasets (a few MB): a TFDS dataset is read per
+    process and can be larger than a device."""
+    return self.pb.name in data_lib.EMBEDDED_VISION + data_lib.EMBEDDED_TEXT
+
   def device_batches(self, runs):
     """The same kind of draw inside the compiled step (train.batches=device): the training set
     (images, or the text) is held on the device once and each step's rows are drawn with a key
@@ -197,7 +203,11 @@ class Supervised(runner.Benchmark):
 
     def metrics_fn(v, data):
       del data
-      ce, acc = _loss_and_metric(_apply(model, v, ev_x, ev_mask), ev_y)
+      if ev_mask is None:
+        logits = measure.apply_in_chunks(lambda x: _apply(model, v, x), ev_x)
+      else:
+        logits = measure.apply_in_chunks(lambda x, m: _apply(model, v, x, m), ev_x, ev_mask)
+      ce, acc = _loss_and_metric(logits, ev_y)
       return {"test_loss": ce, **({"test_bits_per_char": ce / np.log(2)} if is_lm else {"test_accuracy": acc})}
     return metrics_fn
 

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from maskprior_jax import priors
+from maskprior_jax import measure, priors
 from maskprior_jax.attention import MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
@@ -212,14 +212,15 @@ class Arithmetic(runner.Benchmark):
     rows, test_x, test_y, val_x, val_y = self.rows, self.test_x, self.test_y, self.val_x, self.val_y
 
     def metrics_fn(v, data):
-      right_tr = jnp.argmax(model.apply(v, data["x"])[:, rows], -1) == data["y"][:, rows]
-      logits = model.apply(v, test_x)[:, rows]
+      apply = lambda x: measure.apply_in_chunks(lambda c: model.apply(v, c)[:, rows], x)
+      right_tr = jnp.argmax(apply(data["x"]), -1) == data["y"][:, rows]
+      logits = apply(test_x)
       right = jnp.argmax(logits, -1) == test_y[:, rows]
       out = {"train_exact": right_tr.all(-1).mean(), "test_exact": right.all(-1).mean(),
              "test_token_accuracy": right.mean(),
              "test_loss": optax.softmax_cross_entropy_with_integer_labels(logits, test_y[:, rows]).mean()}
       if len(val_x):
-        out["val_exact"] = (jnp.argmax(model.apply(v, val_x)[:, rows], -1) == val_y[:, rows]).all(-1).mean()
+        out["val_exact"] = (jnp.argmax(apply(val_x), -1) == val_y[:, rows]).all(-1).mean()
       return out
     return metrics_fn
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maskprior_jax import priors
+from maskprior_jax import measure, priors
 from maskprior_jax.attention import MASK_PRIOR, MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import workdir as workdir_lib
@@ -265,7 +265,7 @@ class BooleanTask(runner.Benchmark):
 
     def metrics_fn(v, data):
       del data
-      pred = model.apply(v, ev_ids)
+      pred = measure.apply_in_chunks(lambda x: model.apply(v, x), ev_ids)
       err_t, err_m = (pred - ev_f) ** 2, (pred - ev_mdi) ** 2
       return {"unseen_mse_true": err_t[ev_unseen].mean(), "unseen_mse_mdi": err_m[ev_unseen].mean(),
               "seen_mse": err_t[~ev_unseen].mean()}
