@@ -112,7 +112,9 @@ def base_config() -> ml_collections.ConfigDict:
     a small model, see `train.LoopSettings.placement`), "runs", "data" (every run's batch split
     over all devices) or "off" (one device); run_block: how many of a device's runs are stepped
     together ("auto": one at a time on a CPU, all at once on an accelerator; "all"; or a number:
-    see `train.LoopSettings`); data_parallel=true is the older spelling of
+    see `train.LoopSettings`); stack_methods: "auto", "on" or "off", whether methods that share a
+    model, loop settings and seeds (vanilla, mimetic, qk) train as one program (`runner.stacks_methods`:
+    auto is on except with run_block=all on a CPU); data_parallel=true is the older spelling of
     parallel="data", and splits every run's batch over all devices (a mesh over jax.devices()); fsdp also
     shards large weights and optimizer state over them (with data_parallel); batches: "host"
     (built by numpy), "device" (drawn inside the compiled step from the training set held on the
@@ -128,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
   """
   c = ml_collections.ConfigDict()
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
-                 steps_per_call=50, parallel="auto", run_block="auto", data_parallel=False, fsdp=False, batches="auto", grad_reduction="xla",
+                 steps_per_call=50, parallel="auto", run_block="auto", stack_methods="auto", data_parallel=False, fsdp=False, batches="auto", grad_reduction="xla",
                  warmup_steps=0, schedule="constant", grad_clip_norm=0.0, b2=0.999, decay_on="all",
                  qk_mask_decay="legacy")
   c.eval = dict(every_steps=250, probe_size=64)
@@ -168,6 +170,10 @@ LATER_KEYS = {
     "train.b2": 0.999, "train.decay_on": "all", "train.qk_mask_decay": "legacy",
     "task.val_size": 0, "task.coupling": "rows", "task.coupling_max_position": 20, "prior.corruption": 0.0,
     "train.parallel": "auto", "train.run_block": "all",
+    # One program for several methods changes no run's bits with run blocks of a fixed size, and
+    # "auto" stacks none with one vmapped block on a CPU (runner.stacks_methods): the committed folders'
+    # bits either way.
+    "train.stack_methods": "auto",
 }
 
 
@@ -219,7 +225,7 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
   the loop's keys (`base_config`), `choices` {key: allowed values} and `positive` keys (> 0)."""
   from maskprior_jax.train import BATCH_SOURCES, GRAD_REDUCTIONS, PARALLEL
   choices = {"model.attention": ATTENTION, "train.batches": BATCH_SOURCES, "train.grad_reduction": GRAD_REDUCTIONS,
-             "train.parallel": PARALLEL,
+             "train.parallel": PARALLEL, "train.stack_methods": ("auto", "on", "off"),
              "prior.mode": ("learned", "frozen"), "train.optimizer": ("adam", "adamw", "sgd"), **(choices or {})}
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:

@@ -16,6 +16,7 @@ KEY_DOCS = {
     "train.data_parallel": "older spelling of `train.parallel=data`: split every run's batch over all devices (a mesh over `jax.devices()`)",
     "train.fsdp": "with `data_parallel`: also shard large weights and optimizer state over the devices",
     "train.batches": "`host` (built by numpy each step), `device` (drawn inside the compiled step from data held on the device) or `auto` (device for generated and embedded data, host for TFDS data)",
+    "train.stack_methods": "`auto`, `on` or `off`: methods that share a model, loop settings and seeds (vanilla, mimetic, qk) train as one program; `auto`: on, except with `run_block=all` on a CPU",
     "train.grad_reduction": "with `data_parallel`: `xla` (XLA's all-reduce) or `ordered` (gathered and summed in a fixed order: the same bits however devices are spread over processes)",
     "train.warmup_steps": "linear warmup from 0 over this many steps",
     "train.schedule": "`constant`, or `cosine` decay to 0 at `train.steps`",

@@ -13,6 +13,7 @@ pattern), mask (the model with the mask prior). Same model, budget and optimizer
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Callable, Sequence
@@ -221,42 +222,98 @@ def hparams(cfg, method: str) -> dict:
   return {"method": method, "maskprior_jax": __version__, "commit": commit, **out}
 
 
-def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], workdir: str | os.PathLike):
-  """Train one method's runs in one vmapped program, with the persistence measurements; every
-  evaluation reaches TensorBoard as it is made, checkpoints go under workdir/checkpoints.
-  Returns (final stacked state on the host, eval history, per-run init info, `train.Placement`)."""
-  settings = bench.settings_for(method)
-  inits = [initial_variables(method, model, bench, r.seed) for r in runs]
+def stacks_methods(bench: Benchmark) -> bool:
+  """Whether methods that share a model, loop settings, probe and seeds train as one program
+  (train.stack_methods): "on", "off", or "auto": on, except where a CPU steps a device's runs as one
+  vmapped block (train.run_block=all there). With run blocks of a fixed size every run is stepped by
+  the same compiled program whatever trains beside it, so stacking changes no run's bits and saves
+  every further method's compilation and loop; on an accelerator one program of more runs fills the
+  device (one vmapped block: the same runs within float32 rounding)."""
+  choice = bench.cfg.train.get("stack_methods", "auto")
+  if choice == "auto":
+    return not (jax.default_backend() == "cpu" and bench.settings.run_block == "all")
+  return choice == "on"
+
+
+def _same_probe(a: Probe, b: Probe) -> bool:
+  if a is b:
+    return True
+  pairs = ((a.inputs, b.inputs), (a.target_attn, b.target_attn), (a.rows, b.rows))
+  return all(jax.tree.structure(x) == jax.tree.structure(y)
+             and all(np.array_equal(np.asarray(u), np.asarray(v)) for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
+             for x, y in pairs)
+
+
+def method_groups(bench: Benchmark, todo: dict) -> list[list[str]]:
+  """The methods that train together (`stacks_methods`), in the order given: those with equal models
+  (Flax modules compare as dataclasses), loop settings, probes and seeds to run, e.g. vanilla,
+  mimetic and qk, which differ only in their initial weights. `todo`: {method: seeds}."""
+  groups: list[list[str]] = []
+  stack = stacks_methods(bench)
+  for m in todo:
+    for g in groups if stack else []:
+      h = g[0]
+      if (todo[h] == todo[m] and bench.model(h) == bench.model(m) and bench.settings_for(h) == bench.settings_for(m)
+          and _same_probe(bench.probe_for(h), bench.probe_for(m))):
+        g.append(m)
+        break
+    else:
+      groups.append([m])
+  return groups
+
+
+def _runs_part(row: dict, part: slice, total: int) -> dict:
+  """One method's share of a row of per-run values (arrays or the history's lists with `total` runs
+  first; the rest, e.g. the step, as is)."""
+  return {k: (v[part] if len(np.shape(v)) and np.shape(v)[0] == total else v) for k, v in row.items()}
+
+
+def train_method(methods: str | Sequence[str], model, bench: Benchmark, runs: Sequence[Run],
+                 workdir: str | os.PathLike):
+  """Train the runs of one method, or of several methods stacked (`method_groups`: the same model,
+  loop settings and runs; each method's runs start from its own initial variables), in one program,
+  with the persistence measurements; every evaluation reaches each method's TensorBoard as it is
+  made, checkpoints go under workdir/checkpoints (METHOD/seeds_..., or A+B+.../seeds_... for stacked
+  methods). Returns (final stacked state on the host, eval history, per-run init info,
+  `train.Placement`), the runs in the order of `methods`, then of `runs`."""
+  methods = [methods] if isinstance(methods, str) else list(methods)
+  settings = bench.settings_for(methods[0])
+  inits = [initial_variables(m, model, bench, r.seed) for m in methods for r in runs]
+  stacked_runs = list(runs) * len(methods)   # every method's runs have the same keys and batches
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
-  placement = settings.placement(len(runs), train.num_params(inits[0][0]))
+  placement = settings.placement(len(stacked_runs), train.num_params(inits[0][0]))
   mesh = placement.mesh
-  evaluate = _evaluator(model, bench, runs, init0, mesh, bench.probe_for(method))
-  where = workdir_lib.path(method) / results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
-  tensorboard = results_lib.TensorBoardLog(workdir / "tensorboard" / where, hparams=hparams(bench.cfg, method),
-                                            labels=[r.label for r in runs])
+  evaluate = _evaluator(model, bench, stacked_runs, init0, mesh, bench.probe_for(methods[0]))
+  seeds = results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
+  total, parts = len(stacked_runs), [slice(i * len(runs), (i + 1) * len(runs)) for i in range(len(methods))]
+  logs = [results_lib.TensorBoardLog(workdir / "tensorboard" / workdir_lib.path(m) / seeds, hparams=hparams(bench.cfg, m),
+                                     labels=[r.label for r in runs]) for m in methods]
 
   class Observer:
     """train_seeds' eval_fn, with the training windows for TensorBoard (`log_train`)."""
 
     def __call__(self, step, stacked):
       out = evaluate(stacked)   # fetched once, for the history and TensorBoard
-      tensorboard(step, out)
+      for log, part in zip(logs, parts):
+        log(step, _runs_part(out, part, total))
       return out
 
     def log_train(self, step, row):
-      tensorboard.train(step, row)
+      for log, part in zip(logs, parts):
+        log.train(step, _runs_part(row, part, total))
 
-  if batch_source(bench, method) == "device":
-    batches = train.DeviceBatches(bench.device_batches(runs))
+  if batch_source(bench, methods[0]) == "device":
+    batches = train.DeviceBatches(bench.device_batches(stacked_runs))
   else:
-    batches = bench.host_batches(runs)
-  checkpointer = Checkpointer(workdir / "checkpoints" / where, max_to_keep=settings.max_to_keep)
+    batches = bench.host_batches(stacked_runs)
+  checkpointer = Checkpointer(workdir / "checkpoints" / workdir_lib.path("+".join(methods)) / seeds,
+                              max_to_keep=settings.max_to_keep)
   trained = False
   try:
     state, history = train.train_seeds(
         loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
-        seeds=[r.key for r in runs], batches=batches, settings=settings, eval_fn=Observer(),
-        label=f"{bench.name}/{method}", checkpointer=checkpointer, mesh=placement)
+        seeds=[r.key for r in stacked_runs], batches=batches, settings=settings, eval_fn=Observer(),
+        label=f"{bench.name}/{'+'.join(methods)}", checkpointer=checkpointer, mesh=placement)
     trained = True
   finally:
     closed = False
@@ -264,7 +321,9 @@ def train_method(method: str, model, bench: Benchmark, runs: Sequence[Run], work
       checkpointer.close()
       closed = True
     finally:   # a failure already on its way (e.g. a full disk) is the one reported, not the events'
-      tensorboard.close(report_errors=trained and closed)
+      with contextlib.ExitStack() as stack:   # every log closed, even after one fails
+        for log in logs:
+          stack.callback(log.close, report_errors=trained and closed)
   # On the host in every process: what comes next (test metrics, digests) reads it locally.
   return distributed.host_tree(state), history, [i for _, i in inits], placement
 
@@ -280,29 +339,39 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
     raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")
   results = results_lib.open_results(workdir, bench.cfg, bench.digest(), bench.kind, bench.header())
   progress = progress or results_lib.RunProgress(len(methods), label=bench.name)
+  todo = {}
   for method in methods:
-    todo = results_lib.seeds_to_run(results, method, seeds)
-    if not todo:
+    seeds_left = results_lib.seeds_to_run(results, method, seeds)
+    if seeds_left:
+      todo[method] = seeds_left
+    else:
       progress.skip()
       log(f"[{bench.name}] {method}: seeds {list(seeds)} already in {workdir / 'results.json'}, skipped")
-      continue
+  for group in method_groups(bench, todo):
     timer = results_lib.Timer()
-    runs = bench.runs(todo)
-    model = bench.model(method)
-    state, history, infos, placement = train_method(method, model, bench, runs, workdir)
-    # Where the runs went (run-parallel, data parallel or one device) and on how many devices.
-    env = results.setdefault("environment", {})
-    env.setdefault("placement", {})[method] = placement.record()
-    # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
-    env.setdefault("batches", {})[method] = batch_source(bench, method)
-    for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, state.variables, runs, history))):
-      results["runs"].append(results_lib.RunRecord(
-          method=method, seed=int(r.seed), metrics=metrics,
-          persistence=results_lib.per_run(history, i, ["attn_tv", "mask_drift"]),
-          state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], state.variables)), info=infos[i]).to_json())
-    results_lib.record_method(results, method, history, timer(), workdir, run_labels=[r.label for r in runs])
-    log(f"[{bench.name}] {method}: {bench.summary(results, method, runs)} ({timer():.0f}s)")
-    progress.done()
+    runs = bench.runs(todo[group[0]])
+    model = bench.model(group[0])
+    state, history, infos, placement = train_method(group, model, bench, runs, workdir)
+    total, wall = len(runs) * len(group), timer() / len(group)   # stacked methods share the time equally
+    for g, method in enumerate(group):
+      part = slice(g * len(runs), (g + 1) * len(runs))
+      variables = jax.tree.map(lambda a: a[part], state.variables)
+      method_history = [_runs_part(h, part, total) for h in history]
+      # Where the runs went (run-parallel, data parallel or one device), on how many devices, and
+      # which methods shared the program.
+      env = results.setdefault("environment", {})
+      env.setdefault("placement", {})[method] = {**placement.record(), **({"methods": group} if len(group) > 1 else {})}
+      # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
+      env.setdefault("batches", {})[method] = batch_source(bench, method)
+      for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, variables, runs, method_history))):
+        results["runs"].append(results_lib.RunRecord(
+            method=method, seed=int(r.seed), metrics=metrics,
+            persistence=results_lib.per_run(method_history, i, ["attn_tv", "mask_drift"]),
+            state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], variables)), info=infos[part][i]).to_json())
+      results_lib.record_method(results, method, method_history, wall, workdir, run_labels=[r.label for r in runs])
+      log(f"[{bench.name}] {method}: {bench.summary(results, method, runs)} ({timer():.0f}s"
+          f"{', with ' + '+'.join(m for m in group if m != method) if len(group) > 1 else ''})")
+      progress.done()
   if distributed.is_main_process():   # process 0 writes the report
     bench.write_report(results, workdir)
   return results

@@ -1,0 +1,97 @@
+"""Methods stacked into one program (`train.stack_methods`, `runner.method_groups`): vanilla, mimetic
+and qk share the model and differ only in their initial weights, so one command trains them as one
+program of runs. What a user relies on: every run ends on the same state, bit for bit, as when each
+method trains by itself (runs stepped in blocks of a fixed size, the CPU default); results.json
+records each method as before, with the methods that shared its program; an interrupted stacked
+program resumes to the uninterrupted states; and `off` (or one vmapped block on a CPU) keeps one
+program per method."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from cli_args import SMALL_BOOLEAN
+
+from maskprior_jax.bench import cli
+from maskprior_jax.bench import config as C
+from maskprior_jax.bench import runner
+from maskprior_jax.bench.boolean import run as BR
+from maskprior_jax.bench.boolean import tasks
+
+SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
+         "--config.checkpoint.every_steps=50", *SMALL_BOOLEAN]
+ARGS = ["boolean", "--task", "f2", "--seeds", "2", "--methods", "vanilla,qk,mask", *SHORT]
+
+
+def _results(path):
+  return json.loads((path / "results.json").read_text())
+
+
+def _by_run(res):
+  return {(r["method"], r["seed"]): r for r in res["runs"]}
+
+
+def test_stacked_methods_end_on_the_states_each_method_gives_alone(tmp_path, capsys):
+  assert cli.main([*ARGS, "--workdir", str(tmp_path / "stacked")]) == 0
+  err = capsys.readouterr().err
+  assert "[f2_2parity/vanilla+qk]" in err   # the progress log names the stacked program
+  assert cli.main([*ARGS, "--workdir", str(tmp_path / "alone"), "--config.train.stack_methods=off"]) == 0
+  stacked, alone = _results(tmp_path / "stacked"), _results(tmp_path / "alone")
+  place = stacked["environment"]["placement"]
+  assert place["vanilla"]["methods"] == ["vanilla", "qk"] == place["qk"]["methods"]
+  assert "methods" not in place["mask"] and "methods" not in alone["environment"]["placement"]["vanilla"]
+  assert place["vanilla"]["runs"] == 4 and alone["environment"]["placement"]["vanilla"]["runs"] == 2
+  s, a = _by_run(stacked), _by_run(alone)
+  assert set(s) == set(a) == {(m, k) for m in ("vanilla", "qk", "mask") for k in (0, 1)}
+  for key in s:
+    assert s[key]["state_sha256"] == a[key]["state_sha256"], key
+    # measured by programs over 4 stacked runs against 2: equal up to float32 rounding
+    for name in ("seen_mse", "unseen_mse_true", "unseen_mse_mdi"):
+      np.testing.assert_allclose(s[key][name], a[key][name], rtol=2.0 ** -16)
+  for seed in (0, 1):   # each qk run's own fit, as alone
+    assert s[("qk", seed)]["qk_fit_tv"] == a[("qk", seed)]["qk_fit_tv"]
+  assert stacked["curves"]["qk"]["step"] == alone["curves"]["qk"]["step"] == [0, 50, 100]
+  np.testing.assert_allclose(stacked["curves"]["qk"]["unseen_mse_true"], alone["curves"]["qk"]["unseen_mse_true"],
+                             rtol=2.0 ** -16)
+  assert (tmp_path / "stacked" / "checkpoints" / "vanilla+qk" / "seeds_0_1").is_dir()
+  assert (tmp_path / "stacked" / "tensorboard" / "qk" / "seeds_0_1").is_dir()
+
+
+def test_an_interrupted_stacked_program_resumes_to_the_uninterrupted_states(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  cmd = lambda w: [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS[:5], "--methods", "vanilla,qk", *SHORT,   # noqa: E731
+                   "--workdir", str(w)]
+  full = subprocess.run(cmd(tmp_path / "full"), env=env, capture_output=True, text=True, timeout=600)
+  assert full.returncode == 0, full.stderr
+  # killed (SIGKILL) at the evaluation of step 100, before its save: the checkpoint of step 50 remains
+  cut = subprocess.run(cmd(tmp_path / "cut"), env={**env, "MASKPRIOR_FAULT": "eval:2"}, capture_output=True,
+                       text=True, timeout=600)
+  assert cut.returncode != 0 and not (tmp_path / "cut" / "results.json").exists()
+  again = subprocess.run(cmd(tmp_path / "cut"), env=env, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr
+  assert "resumed from the checkpoint at step" in again.stderr
+  a, b = _results(tmp_path / "full"), _results(tmp_path / "cut")
+  assert [r["state_sha256"] for r in a["runs"]] == [r["state_sha256"] for r in b["runs"]]
+  assert a["curves"] == b["curves"]
+
+
+def _bench(**train):
+  cfg = C.builtin_config("boolean")
+  with cfg.unlocked():
+    cfg.train.update(train)
+  return BR.BooleanTask(tasks.TASKS["f2_2parity"], cfg)
+
+
+def test_which_methods_stack():
+  todo = {m: [0, 1] for m in ("vanilla", "mimetic", "qk", "mask")}
+  assert runner.method_groups(_bench(), todo) == [["vanilla", "mimetic", "qk"], ["mask"]]
+  assert runner.method_groups(_bench(stack_methods="off"), todo) == [[m] for m in todo]
+  # other seeds to run (a rerun that adds seeds to one method only): not stacked
+  assert runner.method_groups(_bench(), {**todo, "qk": [2]}) == [["vanilla", "mimetic"], ["qk"], ["mask"]]
+  # one vmapped block on a CPU: a program of more runs would change every run's bits, so auto keeps one
+  # program per method (the committed folders' layout); on an accelerator auto stacks
+  expected = [[m] for m in todo] if runner.jax.default_backend() == "cpu" else [["vanilla", "mimetic", "qk"], ["mask"]]
+  assert runner.method_groups(_bench(run_block="all"), todo) == expected
+  assert runner.method_groups(_bench(run_block="all", stack_methods="on"), todo) == [["vanilla", "mimetic", "qk"],
+                                                                                      ["mask"]]
