@@ -95,3 +95,15 @@ def test_which_methods_stack():
   assert runner.method_groups(_bench(run_block="all"), todo) == expected
   assert runner.method_groups(_bench(run_block="all", stack_methods="on"), todo) == [["vanilla", "mimetic", "qk"],
                                                                                       ["mask"]]
+
+
+def test_a_model_holding_arrays_is_compared_without_error():
+  """Flax modules compare as dataclasses; a field holding an array has no truth value, so such models
+  are not stacked rather than stopping the command."""
+  import dataclasses
+
+  @dataclasses.dataclass
+  class WithPattern:
+    pattern: object
+  assert not runner._same_model(WithPattern(np.ones(3)), WithPattern(np.ones(3)))
+  assert runner._same_model(WithPattern(1.0), WithPattern(1.0))

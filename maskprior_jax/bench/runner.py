@@ -235,6 +235,15 @@ def stacks_methods(bench: Benchmark) -> bool:
   return choice == "on"
 
 
+def _same_model(a, b) -> bool:
+  """Flax modules compare as dataclasses; one holding arrays (a fixed pattern) has no truth value: not
+  stacked."""
+  try:
+    return bool(a == b)
+  except (ValueError, TypeError):
+    return False
+
+
 def _same_probe(a: Probe, b: Probe) -> bool:
   if a is b:
     return True
@@ -253,7 +262,7 @@ def method_groups(bench: Benchmark, todo: dict) -> list[list[str]]:
   for m in todo:
     for g in groups if stack else []:
       h = g[0]
-      if (todo[h] == todo[m] and bench.model(h) == bench.model(m) and bench.settings_for(h) == bench.settings_for(m)
+      if (todo[h] == todo[m] and _same_model(bench.model(h), bench.model(m)) and bench.settings_for(h) == bench.settings_for(m)
           and _same_probe(bench.probe_for(h), bench.probe_for(m))):
         g.append(m)
         break
