@@ -13,28 +13,19 @@ with each command's placement and wall time; `--out` appends the JSON lines.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import jax
+from _cli_run import run_cli
 
 LAYOUTS = (("8 devices, auto", 8, []), ("8 devices, parallel=off", 8, ["--config.train.parallel=off"]),
            ("1 device", 1, []))
 
 
 def run(workdir, devices, extra, task, seeds, overrides):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-  cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", "boolean", "--task", task, "--seeds", str(seeds),
-         "--methods", "mask", "--workdir", workdir, *extra, *overrides]
-  t0 = time.perf_counter()
-  done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-  if done.returncode:
-    sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
-  wall = time.perf_counter() - t0
-  with open(os.path.join(workdir, "results.json")) as f:
-    res = json.load(f)
+  res, _, wall = run_cli(["boolean", "--task", task, "--seeds", str(seeds), "--methods", "mask", *extra, *overrides],
+                        workdir, devices)
   return {"placement": res["environment"]["placement"]["mask"], "wall_s": wall,
           "state_sha256": {str(r["seed"]): r["state_sha256"] for r in res["runs"]},
           "seen_mse": {str(r["seed"]): r["seen_mse"] for r in res["runs"]}}

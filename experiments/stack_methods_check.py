@@ -14,31 +14,23 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 
 import jax
+from _cli_run import run_cli
 
 LOOP = re.compile(r"\[([^\]]+)\] loop: (\d+) steps in ([\d.]+) s")
 
 
 def run(workdir, block, stack, task, seeds):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", "boolean", "--task", task, "--seeds", f"0-{seeds - 1}",
-         "--workdir", workdir, f"--config.train.run_block={block}", f"--config.train.stack_methods={stack}"]
-  t0 = time.perf_counter()
-  done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-  if done.returncode:
-    sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
-  wall = time.perf_counter() - t0
-  with open(os.path.join(workdir, "results.json")) as f:
-    res = json.load(f)
+  args = ["boolean", "--task", task, "--seeds", f"0-{seeds - 1}", f"--config.train.run_block={block}",
+          f"--config.train.stack_methods={stack}"]
+  res, stderr, wall = run_cli(args, workdir)
   programs = [{"program": m.group(1), "steps": int(m.group(2)), "loop_s": float(m.group(3))}
-              for m in LOOP.finditer(done.stderr)]
+              for m in LOOP.finditer(stderr)]
   return {"run_block": block, "stack_methods": stack, "task": task, "seeds": seeds, "wall_s": wall,
-          "programs": programs, "command": " ".join(cmd[2:]),
+          "programs": programs, "command": " ".join(["maskprior_jax.bench.cli", *args, "--workdir", workdir]),
           "state_sha256": {f"{r['method']}/{r['seed']}": r["state_sha256"] for r in res["runs"]},
           "unseen_mse_true": {f"{r['method']}/{r['seed']}": r["unseen_mse_true"] for r in res["runs"]},
           "backend": jax.default_backend(), "cpus": os.cpu_count(), "jax": jax.__version__}
