@@ -97,7 +97,7 @@ def step_rate(bench, num_runs, calls, repeats=3, run_block=None):
     state = jax.device_put(state, sharding.run_sharding(placement.mesh))
   k = placement.run_block
   if k:   # the loop's program: one k-run step per block of runs, each call dispatched without waiting
-    blocks = train._RunBlocks(placement, k, len(runs), 0)
+    blocks = train.RunBlocks(placement, k, len(runs), 0)
     block_step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), k,
                                                   steps_per_call=settings.steps_per_call, donate=False,
                                                   runs_argument=True)

@@ -35,7 +35,7 @@ from maskprior_jax.sharding import (batch_sharding, data_mesh, fsdp_sharding, is
 logger = logging.getLogger(__name__)
 
 __all__ = ["LoopSettings", "Placement", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
-           "make_generating_train_step", "make_eval_step", "train_seeds", "stack_trees", "Progress",
+           "make_generating_train_step", "make_eval_step", "train_seeds", "RunBlocks", "stack_trees", "Progress",
            "data_mesh", "batch_sharding", "replicated", "fsdp_sharding", "GRAD_REDUCTIONS", "UPDATED_COLLECTIONS"]
 
 LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
@@ -500,7 +500,7 @@ def _concat(trees, axis: int):
   return trees[0] if len(trees) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=axis), *trees)
 
 
-class _RunBlocks:
+class RunBlocks:
   """A loop's runs cut into blocks of `k`, each block kept on the device that holds its runs and
   stepped by one compiled k-run program (one call per block, dispatched without waiting). The
   program is the same for every block on every device, so a run's bits depend only on k: not on
@@ -517,7 +517,12 @@ class _RunBlocks:
     # (device, first run's global index, first run's index among this process's runs)
     self.blocks = [(d, starts[d] + j, starts[d] + j - own_start) for d in self.devices
                    for j in range(0, self.per_device, k)]
-    self.runs = [jax.device_put(np.arange(g, g + k, dtype=np.int32), d) for d, g, _ in self.blocks]
+
+  @functools.cached_property
+  def runs(self) -> list[jax.Array]:
+    """Each block's global run indices on its device (the device-batch step's `runs` argument;
+    made on first use: host batches need none)."""
+    return [jax.device_put(np.arange(g, g + self.k, dtype=np.int32), d) for d, g, _ in self.blocks]
 
   def split(self, tree):
     """A stacked state (as the placement lays it out) cut into the blocks' states."""
@@ -637,7 +642,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   value crosses devices inside the step, so every run is computed as it would be alone. With
   `placement.run_block` k > 0 (`LoopSettings.run_block`; on a CPU by default) each device's runs
   are stepped k at a time by one compiled k-run program, a call per block: a run's bits then
-  depend only on k, not on the layout (see `_RunBlocks`).
+  depend only on k, not on the layout (see `RunBlocks`).
   With a "data" mesh,
   every seed's batch is split over its "data" axis (data parallel, the state replicated); the
   batch size must divide by its size, and each process feeds only its rows of the global batch
@@ -679,7 +684,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
   state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp and not by_run) else None
   blocked = placement.run_block > 0
-  if blocked:   # one k-run program for every block of runs, wherever it lies (see _RunBlocks)
+  if blocked:   # one k-run program for every block of runs, wherever it lies (see RunBlocks)
     k = placement.run_block
     if device_batch_fn is not None:
       call = make_generating_train_step(loss_fn, tx, device_batch_fn, k, steps_per_call=steps_per_call,
@@ -697,7 +702,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
                  and "part" in inspect.signature(batch_fn).parameters)
   own_slice = distributed.process_slice(len(seeds)) if by_run else slice(0, len(seeds))
   own_runs = list(seeds)[own_slice]
-  blocks = _RunBlocks(placement, placement.run_block, len(seeds), own_slice.start or 0) if blocked else None
+  blocks = RunBlocks(placement, placement.run_block, len(seeds), own_slice.start or 0) if blocked else None
 
   def host_batch(step):
     if by_run:

@@ -119,12 +119,17 @@ def test_a_run_folder_recorded_before_the_recipe_keys_existed_still_matches():
     # The default steps a device's runs one at a time on a CPU (train.run_block=auto) and draws its
     # batches on the device (train.batches=auto): other bits and another stream than the earlier
     # folders' single vmapped block of host batches, so both are recorded and the digest differs.
+    # Its curves during training use 2,048 points (the folders: 4,096; the probe is drawn after them).
     assert as_recorded(cfg)["train"]["run_block"] == "auto" and as_recorded(cfg)["train"]["batches"] == "auto"
+    assert cfg.eval.num_points == 2048
     assert config_digest({"cfg": cfg.to_dict()}) != config_digest({"cfg": {**cfg.to_dict(), "train": {
         **cfg.to_dict()["train"], "batches": "host", "run_block": "all"}}})
+    assert config_digest({"cfg": cfg.to_dict()}) != config_digest({"cfg": {**cfg.to_dict(), "eval": {
+        **cfg.to_dict()["eval"], "num_points": 4096}}})
     with cfg.unlocked():
       cfg.train.run_block = "all"
       cfg.train.batches = "host"
+      cfg.eval.num_points = 4096
     earlier = cfg.to_dict()
     for key in LATER_KEYS:
       section, leaf = key.split(".")
@@ -135,3 +140,21 @@ def test_a_run_folder_recorded_before_the_recipe_keys_existed_still_matches():
       cfg.train.warmup_steps = 100
     assert as_recorded(cfg)["train"]["warmup_steps"] == 100
     assert config_digest({"cfg": cfg.to_dict()}) != config_digest({"cfg": earlier})
+
+
+def test_the_committed_boolean_headline_folder_resumes_with_the_readme_overrides():
+  """README Results: a committed Boolean folder is the default config plus
+  `--config.train.batches=host --config.train.run_block=all --config.eval.num_points=4096`; without
+  them the folder's digest differs (the folder would be refused, naming the keys)."""
+  import json
+  import pathlib
+
+  from maskprior_jax.bench.boolean import run, tasks
+  from maskprior_jax.bench.config import builtin_config
+  folder = pathlib.Path(__file__).parent.parent / "experiments" / "results" / "boolean_headline" / "f2_2parity"
+  recorded = json.loads((folder / "results.json").read_text())["config_digest"]
+  cfg = builtin_config("boolean")
+  assert run.BooleanTask(tasks.TASKS["f2_2parity"], cfg).digest() != recorded
+  with cfg.unlocked():
+    cfg.train.batches, cfg.train.run_block, cfg.eval.num_points = "host", "all", 4096
+  assert run.BooleanTask(tasks.TASKS["f2_2parity"], cfg).digest() == recorded

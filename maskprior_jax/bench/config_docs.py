@@ -27,7 +27,7 @@ KEY_DOCS = {
     # eval, checkpoint
     "eval.every_steps": "evaluation (and TensorBoard) cadence in steps",
     "eval.probe_size": "inputs the attention persistence (TV from the prior's pattern) is measured on",
-    "eval.num_points": "Boolean: evaluation points when the cube is too large to enumerate",
+    "eval.num_points": "Boolean: points the curves during training are measured on (half unseen, half seen, drawn with replacement; the final metrics use the whole cube, or 65,536 points above `full_cube_max_n`)",
     "eval.full_cube_max_n": "Boolean: enumerate the whole cube up to this many variables",
     "eval.fit_threshold": "Boolean: a run fits its seen domain when its seen MSE is at most this share of the target's seen variance",
     "eval.train_eval_size": "arithmetic: training pairs scored at each evaluation (fit status)",

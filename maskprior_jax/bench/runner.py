@@ -258,12 +258,15 @@ def method_groups(bench: Benchmark, todo: dict) -> list[list[str]]:
   (Flax modules compare as dataclasses), loop settings, probes and seeds to run, e.g. vanilla,
   mimetic and qk, which differ only in their initial weights. `todo`: {method: seeds}."""
   groups: list[list[str]] = []
-  stack = stacks_methods(bench)
+  if not stacks_methods(bench):
+    return [[m] for m in todo]
+  # each method's model, settings and probe built once, not once per comparison
+  model, settings, probe = ({m: f(m) for m in todo} for f in (bench.model, bench.settings_for, bench.probe_for))
   for m in todo:
-    for g in groups if stack else []:
+    for g in groups:
       h = g[0]
-      if (todo[h] == todo[m] and _same_model(bench.model(h), bench.model(m)) and bench.settings_for(h) == bench.settings_for(m)
-          and _same_probe(bench.probe_for(h), bench.probe_for(m))):
+      if (todo[h] == todo[m] and _same_model(model[h], model[m]) and settings[h] == settings[m]
+          and _same_probe(probe[h], probe[m])):
         g.append(m)
         break
     else:
