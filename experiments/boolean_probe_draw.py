@@ -15,7 +15,7 @@ import argparse
 import json
 import pathlib
 
-import numpy as np
+from maskprior_jax.bench.results import markdown_table, mean_std
 
 
 def _runs(folder: pathlib.Path, task: str, method: str) -> list[dict]:
@@ -25,37 +25,33 @@ def _runs(folder: pathlib.Path, task: str, method: str) -> list[dict]:
            "sha": r["state_sha256"]} for r in res["runs"] if r["method"] == method]
 
 
-def _fmt(runs: list[dict]) -> str:
+def _per_seed(runs: list[dict]) -> str:
   return ", ".join(f"{r['ratio']:.2f}" + ("" if r["fitted"] else "*") for r in runs)
 
 
-def _mean(runs: list[dict]) -> str:
-  fitted = [r["ratio"] for r in runs if r["fitted"]]
-  if not fitted:
-    return "-"
-  return f"{np.mean(fitted):.2f} ± {np.std(fitted, ddof=1):.2f}" if len(fitted) > 1 else f"{fitted[0]:.2f}"
+def _fitted_mean(runs: list[dict]) -> str:
+  """Mean ± std over the fitted runs, as the Boolean tables write it (`results.mean_std`)."""
+  return mean_std([r["ratio"] for r in runs if r["fitted"]])
 
 
 def markdown(folder: pathlib.Path) -> str:
   a, b = folder / "probe_4096", folder / "probe_2048"
   tasks = sorted(p.name for p in b.iterdir() if (p / "results.json").exists())
-  lines = ["| task | qk per seed, probe of 4,096 | qk per seed, probe of 2,048 | qk mean (fitted), 4,096 / 2,048 | "
-           "largest change of a seed | mask per seed (4,096) | mask mean (fitted) |",
-           "|---|---|---|---|---|---|---|"]
+  rows, same, total = [], 0, 0
   for task in tasks:
     q4, q2, mask = _runs(a, task, "qk"), _runs(b, task, "qk"), _runs(a, task, "mask")
     if [r["seed"] for r in q4] != [r["seed"] for r in q2]:
       raise SystemExit(f"{task}: the two folders hold other seeds")
     change = max(abs(x["ratio"] - y["ratio"]) for x, y in zip(q4, q2))
-    lines.append(f"| {task} | {_fmt(q4)} | {_fmt(q2)} | {_mean(q4)} / {_mean(q2)} | {change:.2f} | "
-                 f"{_fmt(mask)} | {_mean(mask)} |")
-  same = sum(x["sha"] == y["sha"] for t in tasks for x, y in zip(_runs(a, t, "qk"), _runs(b, t, "qk")))
-  total = sum(len(_runs(b, t, "qk")) for t in tasks)
-  lines += ["", f"Unseen MSE against the truth over the MDI's (1: as far from the truth as the minimum-degree "
-            f"interpolator; lower is better); * a run that "
-            f"did not fit its seen domain (not in the mean). qk runs with the same `state_sha256` in both: "
-            f"{same}/{total}."]
-  return "\n".join(lines)
+    same += sum(x["sha"] == y["sha"] for x, y in zip(q4, q2))
+    total += len(q2)
+    rows.append([task, _per_seed(q4), _per_seed(q2), f"{_fitted_mean(q4)} / {_fitted_mean(q2)}", f"{change:.2f}",
+                 _per_seed(mask), _fitted_mean(mask)])
+  header = ["task", "qk per seed, probe of 4,096", "qk per seed, probe of 2,048", "qk mean (fitted), 4,096 / 2,048",
+            "largest change of a seed", "mask per seed (4,096)", "mask mean (fitted)"]
+  return (markdown_table(header, rows) + "\nUnseen MSE against the truth over the MDI's (1: as far from the truth as "
+          "the minimum-degree interpolator; lower is better); * a run that did not fit its seen domain (not in the "
+          f"mean). qk runs with the same `state_sha256` in both: {same}/{total}.")
 
 
 def main():
