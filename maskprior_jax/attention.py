@@ -12,6 +12,8 @@ interchangeable (see the class docstring for what is not supported).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Any, Callable, Literal
@@ -24,7 +26,7 @@ import numpy as np
 __all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
            "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
            "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention", "dropout_shape",
-           "with_prior_bias"]
+           "with_prior_bias", "for_platform", "target_platform", "heads_folded_attention", "PLATFORMS"]
 
 MASK_PRIOR = "mask_prior"
 ATTENTION_WEIGHTS = "attention_weights"
@@ -397,15 +399,49 @@ def _grouped(key, value, num_heads: int):
   return jnp.repeat(key, groups, axis=-2), jnp.repeat(value, groups, axis=-2)
 
 
+# The platform "auto" resolves for while a program is traced: None means the process's backend
+# (`jax.default_backend()`); `for_platform` sets it, so that a program can be built on a CPU for
+# what a GPU or TPU would run (`maskprior compile`).
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("maskprior_attention_platform",
+                                                                             default=None)
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@contextlib.contextmanager
+def for_platform(platform: str | None):
+  """Within this block, "auto" attention resolves for `platform` ("cpu", "gpu" or "tpu"; None: the
+  process's backend) instead of `jax.default_backend()`. Resolution happens while a program is
+  traced, so trace (`jit(...).trace`, `.lower`) inside the block::
+
+    with mp.attention.for_platform("gpu"):
+      lowered = step.trace(state, batch).lower(lowering_platforms=("cuda",))
+  """
+  if platform not in (None, *PLATFORMS):
+    raise ValueError(f"platform must be None or one of {', '.join(PLATFORMS)}, not {platform!r}")
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
+
+
+def target_platform() -> str:
+  """The platform "auto" attention resolves for now: `for_platform`'s, else the process's backend."""
+  return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
 def attention_implementation(requested: str | None, dtype, bias_batch: int | None,
                              backend: str | None = None) -> str:
   """The attention path a call will use: "xla", "cudnn" or "blockwise".
 
-  "auto" picks cuDNN only on a GPU, for bfloat16/float16 inputs, and where the bias (if any) has a
-  batch dimension of 1 (cuDNN computes the bias gradient only then; a float32 bias has been
-  reported to give NaNs); everything else runs XLA. None means "xla" (this JAX version's choice).
-  "blockwise" (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length
-  per block, and returns the bias gradient at the bias's own size.
+  "auto" picks cuDNN only on a GPU (`backend`, else `target_platform()`: the platform set by
+  `for_platform`, or the process's backend), for bfloat16/float16 inputs, and where the bias (if any)
+  has a batch dimension of 1 (one bias for the whole batch, as a mask prior; a float32 bias has been
+  reported to give NaNs); everything else runs XLA. Several runs stacked under `jax.vmap` (one
+  prior per run) keep the fused kernel: the run axis is folded into the heads (see
+  `dot_product_attention`). None means "xla" (this JAX version's choice). "blockwise"
+  (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length per block, and
+  returns the bias gradient at the bias's own size.
   """
   if requested in (None, "xla"):
     return "xla"
@@ -413,9 +449,9 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
     return requested
   if requested != "auto":
     raise ValueError(f"implementation must be None, 'xla', 'cudnn', 'blockwise' or 'auto', not {requested!r}")
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform()
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  return "cudnn" if backend == "gpu" and half and bias_batch in (None, 1) else "xla"
+  return "cudnn" if backend in ("gpu", "cuda") and half and bias_batch in (None, 1) else "xla"
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
@@ -426,13 +462,98 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
   broadcastable to (B, N, T, S). implementation: None/"xla" (XLA's attention), "cudnn" (GPU, where
   cuDNN supports the case), "blockwise" (pure JAX, any backend: key blocks of `block_size` with an
   online softmax and a custom VJP that recomputes scores block by block; the bias gradient comes
-  back at the bias's own size), or "auto" (see `attention_implementation`)."""
+  back at the bias's own size), or "auto" (see `attention_implementation`).
+
+  cuDNN with a bias under `jax.vmap` (several runs in one program, each with its own prior): JAX's
+  batching rule for the fused kernel assumes that a batched bias carries the example batch, so the
+  call is made through `heads_folded_attention` instead, which folds the mapped axis into the heads
+  ((R, B, T, N, H) -> (B, T, R*N, H), the bias (R, Bb, N, T, S) -> (Bb, R*N, T, S)): one fused call
+  forward and one backward for all runs, the bias gradient at the bias's own size."""
   bias_batch = None if bias is None else (jnp.shape(bias)[0] if jnp.ndim(bias) == 4 else 1)
   impl = attention_implementation(implementation, query.dtype, bias_batch)
   if impl == "blockwise":
     from maskprior_jax.blockwise import blockwise_attention
     return blockwise_attention(query, key, value, bias, mask, block_size)
+  if impl == "cudnn" and (bias is not None or mask is not None):
+    return heads_folded_attention(query, key, value, bias, mask, implementation="cudnn")
   return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, implementation=impl)
+
+
+def _fold_runs(x, batched: bool, runs: int, head_axis: int):
+  """An array with a leading mapped axis of `runs` (broadcast there if not `batched`) with that axis
+  merged into its heads axis (`head_axis` of the unmapped array), runs major."""
+  x = x if batched else jnp.broadcast_to(x, (runs,) + x.shape)
+  x = jnp.moveaxis(x, 0, head_axis)
+  return x.reshape(x.shape[:head_axis] + (-1,) + x.shape[head_axis + 2:])
+
+
+def _unfold_runs(x, runs: int, head_axis: int):
+  """`_fold_runs` undone: the heads axis split into (runs, heads), the runs moved to the front."""
+  x = x.reshape(x.shape[:head_axis] + (runs, -1) + x.shape[head_axis + 1:])
+  return jnp.moveaxis(x, head_axis, 0)
+
+
+def _heads_folding(fn, head_axes_in: tuple[int, ...], head_axes_out: tuple[int, ...]):
+  """`fn` (arrays in, a tuple of arrays out) whose `jax.vmap` folds the mapped axis into each
+  array's heads axis and calls `fn` once (itself again, so nested maps fold again)."""
+  folded = jax.custom_batching.custom_vmap(fn)
+
+  @folded.def_vmap
+  def rule(axis_size, in_batched, *args):
+    outs = folded(*(_fold_runs(a, b, axis_size, h) for a, b, h in zip(args, in_batched, head_axes_in)))
+    return tuple(_unfold_runs(o, axis_size, h) for o, h in zip(outs, head_axes_out)), (True,) * len(outs)
+  return folded
+
+
+@functools.lru_cache(maxsize=None)
+def _heads_folded_call(implementation: str):
+  """The custom-VJP attention of `heads_folded_attention` for one implementation (built once)."""
+  attend = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
+  # Forward with the residuals the backward needs (discarded here; the backward's identical call is
+  # the same computation, which XLA merges), and the backward: both fold a mapped axis into the heads.
+  train_fwd = _heads_folding(lambda q, k, v, b: (jax.vjp(attend, q, k, v, b)[0],), (2, 2, 2, 1), (2,))
+  infer = _heads_folding(lambda q, k, v, b: (attend(q, k, v, b),), (2, 2, 2, 1), (2,))
+  bwd = _heads_folding(lambda q, k, v, b, g: tuple(jax.vjp(attend, q, k, v, b)[1](g)), (2, 2, 2, 1, 2),
+                       (2, 2, 2, 1))
+
+  @jax.custom_vjp
+  def call(q, k, v, b):
+    return infer(q, k, v, b)[0]
+
+  def call_fwd(q, k, v, b):
+    return train_fwd(q, k, v, b)[0], (q, k, v, b)
+
+  def call_bwd(res, g):
+    return bwd(*res, g)
+
+  call.defvjp(call_fwd, call_bwd)
+  return call
+
+
+def heads_folded_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
+                           mask: jax.Array | None = None, *, implementation: str = "cudnn") -> jax.Array:
+  """`jax.nn.dot_product_attention(..., implementation=implementation)` whose `jax.vmap` folds the
+  mapped axis into the heads instead of the batch: R stacked runs, each with its own bias, are one
+  call over R*N heads with the bias's batch dimension unchanged (cuDNN's batching rule would need a
+  bias that carries the example batch). Layout as `dot_product_attention`: query (B, T, N, H),
+  key/value (B, S, N, H) (N heads each), bias broadcastable to (B, N, T, S); a boolean mask is added
+  to the bias as a large negative logit, as JAX's cuDNN path does. Gradients: one backward call,
+  the bias's at the bias's shape (batch 1 or B, N heads)."""
+  n = query.shape[-2]
+  dtype = query.dtype
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape).astype(dtype)
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    neg = jnp.asarray(-2 << 40 if dtype == jnp.bfloat16 else -2 << 14 if dtype == jnp.float16
+                      else jnp.finfo(dtype).min / 2, dtype)
+    add = jnp.where(mask, jnp.asarray(0, dtype), neg)
+    bias = add if bias is None else bias + add
+  b = bias.shape[0]
+  bias = jnp.broadcast_to(bias, (b, n) + bias.shape[2:])   # one row of heads per head: the fold splits them
+  return _heads_folded_call(implementation)(query, key, value, bias)
 
 
 def with_prior_bias(attention_fn: Callable[..., jax.Array],

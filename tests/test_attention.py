@@ -340,3 +340,59 @@ def test_normalize_qk_equals_flax():
   variables = {"params": jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(4), p.shape),
                                       variables["params"])}
   np.testing.assert_allclose(ours.apply(variables, x), ref.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
+def _x64():
+  # jax.enable_x64 from JAX 0.7; the experimental spelling before (the floors job runs JAX 0.6)
+  if hasattr(jax, "enable_x64"):
+    return jax.enable_x64(True)
+  from jax.experimental import enable_x64
+  return enable_x64()
+
+
+def test_heads_folded_attention_under_vmap_computes_what_vmap_of_the_call_does():
+  """Several runs stacked by `jax.vmap`, each with its own bias (the runner's seed axis): the folded call
+  (the run axis merged into the heads, one call for all runs; what the cuDNN path takes) equals vmap of
+  `jax.nn.dot_product_attention`, forward and every gradient, also for a bias shared by the runs, a
+  boolean mask, and nested maps. XLA's math inside, in float64, so the comparison is exact up to a
+  few float64 roundings."""
+  from maskprior_jax.attention import heads_folded_attention
+  with _x64():
+    R, B, T, N, H = 3, 4, 6, 2, 8
+    ks = jax.random.split(jax.random.key(0), 5)
+    q, k, v = (jax.random.normal(kk, (R, B, T, N, H), jnp.float64) for kk in ks[:3])
+    bias = jax.random.normal(ks[3], (R, N, T, T), jnp.float64)
+    mask = jax.random.bernoulli(ks[4], 0.7, (B, 1, T, T)).at[..., 0].set(True)
+    ref = lambda q, k, v, b, m=None: jax.nn.dot_product_attention(q, k, v, bias=b[None], mask=m, implementation="xla")
+    fold = lambda q, k, v, b, m=None: heads_folded_attention(q, k, v, b[None], m, implementation="xla")
+    loss = lambda f: lambda q, k, v, b: jnp.sum(jnp.sin(f(q, k, v, b)))
+    tol = dict(rtol=1e-12, atol=1e-12)
+    for in_axes, b in (((0, 0, 0, 0), bias), ((0, 0, 0, None), bias[0])):
+      np.testing.assert_allclose(jax.vmap(fold, in_axes)(q, k, v, b), jax.vmap(ref, in_axes)(q, k, v, b), **tol)
+      grads = [jax.vmap(jax.grad(loss(f), argnums=(0, 1, 2, 3)), in_axes)(q, k, v, b) for f in (fold, ref)]
+      for got, want in zip(*grads):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, **tol)
+    masked = [jax.vmap(lambda q, k, v, b, f=f: f(q, k, v, b, mask))(q, k, v, bias) for f in (fold, ref)]
+    np.testing.assert_allclose(*masked, **tol)
+    nested = [jax.vmap(jax.vmap(f))(q[None], k[None], v[None], bias[None]) for f in (fold, ref)]
+    np.testing.assert_allclose(*nested, **tol)
+
+
+def test_auto_attention_resolves_for_the_target_platform_while_tracing():
+  """`for_platform("gpu")` makes "auto" pick cuDNN for a bfloat16 call traced on this CPU (the program
+  a GPU would run), and nothing outside the block changes."""
+  from maskprior_jax.attention import for_platform, target_platform
+  pick = mp.attention.attention_implementation
+  assert target_platform() == jax.default_backend() == "cpu"
+  with for_platform("gpu"):
+    assert target_platform() == "gpu" and pick("auto", jnp.bfloat16, 1) == "cudnn"
+    assert pick("auto", jnp.float32, 1) == "xla"
+    x = jnp.zeros((2, 16, 4, 8), jnp.bfloat16)
+    jaxpr = str(jax.make_jaxpr(lambda x: mp.dot_product_attention(x, x, x, jnp.zeros((1, 4, 16, 16)),
+                                                                  implementation="auto"))(x))
+    assert "dot_product_attention_fwd" in jaxpr
+  assert target_platform() == "cpu" and pick("auto", jnp.bfloat16, 1) == "xla"
+  with pytest.raises(ValueError, match="platform must be"):
+    with for_platform("cuda-ish"):
+      pass
