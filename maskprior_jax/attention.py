@@ -427,7 +427,10 @@ def for_platform(platform: str | None):
 
 def target_platform() -> str:
   """The platform "auto" attention resolves for now: `for_platform`'s, else the process's backend."""
-  return _TARGET_PLATFORM.get() or jax.default_backend()
+  if _TARGET_PLATFORM.get():
+    return _TARGET_PLATFORM.get()
+  from maskprior_jax import sharding   # devices set for a target (`sharding.for_devices`)
+  return sharding.platform()
 
 
 def attention_implementation(requested: str | None, dtype, bias_batch: int | None,

@@ -3,17 +3,61 @@ benchmarks: a 1-D "data" mesh (one run's batch split over devices), a 1-D "runs"
 spread over devices), batch, run and replicated shardings, and the FSDP rule."""
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+import contextvars
+from typing import Iterable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+# The devices the loop's placement decisions are made for: None means this process's
+# (`jax.devices()`); `for_devices` sets others, e.g. a TPU slice's or a GPU's from
+# `jax.experimental.topologies`, so that a program is built on a CPU for them (`maskprior compile`).
+_TARGET: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("maskprior_target_devices", default=None)
+
+
+@contextlib.contextmanager
+def for_devices(devices: Sequence[jax.Device] | None):
+  """Within this block `devices()`, `platform()` and `process_count()` (and so the meshes, the runs'
+  placement and the run blocks) describe `devices` instead of this process's; "auto" attention
+  resolves for their platform (`attention.target_platform`)."""
+  token = _TARGET.set(None if devices is None else tuple(devices))
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
+
+
+def devices() -> list[jax.Device]:
+  """The devices placement decisions are made for: `for_devices`', else `jax.devices()`."""
+  target = _TARGET.get()
+  return list(target) if target is not None else list(jax.devices())
+
+
+def targeted() -> bool:
+  """Whether `for_devices` has set devices other than this process's."""
+  return _TARGET.get() is not None
+
+
+def platform() -> str:
+  """"cpu", "gpu" or "tpu": the platform of `devices()` (this process's backend by default)."""
+  target = _TARGET.get()
+  if target is None:
+    return jax.default_backend()
+  name = target[0].platform
+  return "gpu" if name in ("cuda", "rocm") else name
+
+
+def process_count() -> int:
+  """How many processes hold `devices()` (a TPU slice of several hosts: one per host)."""
+  target = _TARGET.get()
+  return jax.process_count() if target is None else len({d.process_index for d in target})
+
 
 def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
   """A 1-D mesh named "data" over all (or the given) devices."""
-  devices = np.asarray(list(devices) if devices is not None else jax.devices())
-  return Mesh(devices, ("data",))
+  return Mesh(np.asarray(list(devices) if devices is not None else globals()["devices"]()), ("data",))
 
 
 def runs_mesh(num_runs: int, devices: Iterable[jax.Device] | None = None) -> Mesh | None:
@@ -21,7 +65,7 @@ def runs_mesh(num_runs: int, devices: Iterable[jax.Device] | None = None) -> Mes
   over the largest number of devices d that divides `num_runs`, with d/P devices of each of the P
   processes (so every process holds whole runs, the same count each); None where that is fewer
   than two devices (e.g. one run, or one device)."""
-  devices = list(devices) if devices is not None else list(jax.devices())
+  devices = list(devices) if devices is not None else globals()["devices"]()
   by_process: dict[int, list] = {}
   for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
     by_process.setdefault(d.process_index, []).append(d)

@@ -29,13 +29,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from maskprior_jax import checkpoint as ckpt
 from maskprior_jax import distributed, faults, optim
+from maskprior_jax import sharding as sharding_lib
 from maskprior_jax.sharding import (batch_sharding, data_mesh, fsdp_sharding, is_runs_mesh, replicated, run_sharding,
                                     runs_mesh)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LoopSettings", "Placement", "DeviceBatches", "TrainState", "NonFiniteLoss", "create_state", "make_train_step",
-           "make_generating_train_step", "make_eval_step", "train_seeds", "RunBlocks", "stack_trees", "Progress",
+           "make_generating_train_step", "make_eval_step", "train_seeds", "loop_step", "RunBlocks", "stack_trees", "Progress",
            "data_mesh", "batch_sharding", "replicated", "fsdp_sharding", "GRAD_REDUCTIONS", "UPDATED_COLLECTIONS"]
 
 LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
@@ -252,7 +253,7 @@ class LoopSettings:
     """`run_block` as a number for a device holding `runs_per_device` runs (0: all in one block)."""
     block = self.run_block
     if block == "auto":
-      block = "1" if jax.default_backend() == "cpu" else "all"
+      block = "1" if sharding_lib.platform() == "cpu" else "all"
     if block == "all":
       return 0
     if runs_per_device % int(block):
@@ -279,7 +280,7 @@ class LoopSettings:
     runs, equally over the processes); "off": one device; "auto": runs where there are several
     devices, several runs and at most `RUNS_MAX_PARAMS` parameters per run, data parallel for a
     larger model (or where one run must span several processes), else one device."""
-    n, procs = jax.device_count(), jax.process_count()
+    n, procs = len(sharding_lib.devices()), sharding_lib.process_count()
     mode = "data" if self.data_parallel else self.parallel
     if mode == "data":
       return Placement("data", data_mesh(), num_runs, "train.parallel=data")
@@ -510,7 +511,7 @@ class RunBlocks:
 
   def __init__(self, placement: Placement, k: int, num_runs: int, own_start: int):
     self.mesh, self.k = placement.mesh, k
-    devices = [jax.devices()[0]] if self.mesh is None else list(self.mesh.devices.flat)
+    devices = [sharding_lib.devices()[0]] if self.mesh is None else list(self.mesh.devices.flat)
     self.per_device = num_runs // len(devices)
     self.devices = [d for d in devices if d.process_index == jax.process_index()]
     starts = {d: devices.index(d) * self.per_device for d in self.devices}
@@ -615,6 +616,28 @@ def stack_trees(trees: Sequence[Any]) -> Any:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def loop_step(loss_fn: LossFn, tx: optax.GradientTransformation, batches: Callable[..., Any] | DeviceBatches,
+              settings: LoopSettings, placement: Placement, state_sharding=None):
+  """The compiled call `train_seeds` steps its runs with, for a placement: with run blocks (k > 0) one
+  k-run program on one device, `call(state, batch)` (host batches) or `call(state, first_step, runs)`
+  (device batches); otherwise one program over all runs as the placement lays them out,
+  `call(state, batch)` or `call(state, first_step)`. Each call runs `settings.steps_per_call` steps."""
+  device_batch_fn = batches.fn if isinstance(batches, DeviceBatches) else None
+  spc, mesh = settings.steps_per_call, placement.mesh
+  if placement.run_block > 0:   # one k-run program for every block of runs, wherever it lies (see RunBlocks)
+    k = placement.run_block
+    if device_batch_fn is not None:
+      return make_generating_train_step(loss_fn, tx, device_batch_fn, k, steps_per_call=spc, donate=False,
+                                        runs_argument=True)
+    return make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=spc, donate=False)
+  if device_batch_fn is not None:
+    return make_generating_train_step(loss_fn, tx, device_batch_fn, placement.num_runs, steps_per_call=spc,
+                                      mesh=mesh, state_sharding=state_sharding,
+                                      grad_reduction=settings.grad_reduction)
+  return make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=spc, mesh=mesh, state_sharding=state_sharding,
+                         grad_reduction=settings.grad_reduction)
+
+
 _SYNC_IDS = itertools.count(1)   # preemption sync-point ids: calls of every loop in this process
 
 
@@ -684,19 +707,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
   state_sharding = fsdp_sharding(states, mesh) if (mesh is not None and loop.fsdp and not by_run) else None
   blocked = placement.run_block > 0
-  if blocked:   # one k-run program for every block of runs, wherever it lies (see RunBlocks)
-    k = placement.run_block
-    if device_batch_fn is not None:
-      call = make_generating_train_step(loss_fn, tx, device_batch_fn, k, steps_per_call=steps_per_call,
-                                        donate=False, runs_argument=True)
-    else:
-      call = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, donate=False)
-  elif device_batch_fn is not None:
-    call = make_generating_train_step(loss_fn, tx, device_batch_fn, len(seeds), steps_per_call=steps_per_call,
-                                         mesh=mesh, state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
-  else:
-    call = make_train_step(loss_fn, tx, seed_axis=True, steps_per_call=steps_per_call, mesh=mesh,
-                              state_sharding=state_sharding, grad_reduction=loop.grad_reduction)
+  call = loop_step(loss_fn, tx, batches, loop, placement, state_sharding)
   lead = 1 + int(steps_per_call > 1)   # the batch axis comes after (steps,) seeds
   builds_part = (mesh is not None and not by_run and batch_fn is not None
                  and "part" in inspect.signature(batch_fn).parameters)

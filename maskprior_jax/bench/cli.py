@@ -25,10 +25,23 @@ def _command(name: str):
   return importlib.import_module(f"maskprior_jax.bench.{name}.run").COMMAND
 
 
+def _config(given: str | None, benchmark: str):
+  """--config: a file with get_config(), or a built-in config's name (e.g. boolean_paper); none: the
+  benchmark's built-in default."""
+  if not given:
+    return builtin_config(benchmark)
+  if not os.path.exists(given) and os.sep not in given and not given.endswith(".py"):
+    try:
+      return builtin_config(given)
+    except ConfigError:
+      raise ConfigError(f"config file {given} does not exist, nor is there a built-in config of that name") from None
+  return load_config_file(given)
+
+
 def cmd_benchmark(args) -> int:
   """Any benchmark: config, methods and seeds, the benchmark's own checks, the run folder, the run."""
   command = _command(args.command)
-  cfg = apply_overrides(load_config_file(args.config) if args.config else builtin_config(args.command), args.overrides)
+  cfg = apply_overrides(_config(args.config, args.command), args.overrides)
   import jax
   if jax.process_count() > 1 and cfg.train.parallel == "off" and not cfg.train.data_parallel:
     raise UsageError(f"train.parallel=off trains on one device, but this is one of {jax.process_count()} processes: "
@@ -40,6 +53,16 @@ def cmd_benchmark(args) -> int:
     print(command.run(cfg, context, methods, seeds, workdir))
   print(f"results in {workdir}")
   return 0
+
+
+def cmd_compile(args) -> int:
+  """`maskprior compile BENCHMARK ...`: the programs `maskprior BENCHMARK` with the same arguments would
+  run on --topology, compiled here (`bench.compile`)."""
+  from maskprior_jax.bench import compile as compile_lib
+  command = _command(args.benchmark)
+  cfg = apply_overrides(_config(args.config, args.benchmark), args.overrides)
+  methods = parse_list(args.methods, command.methods, "method")
+  return compile_lib.cmd_compile(args, command, cfg, methods, parse_seeds(args.seeds))
 
 
 def cmd_report(args) -> int:
@@ -95,6 +118,18 @@ CONFIG_HELP = """config overrides:
 """
 
 
+def _benchmark_flags(p, name: str, command) -> None:
+  """The flags a benchmark's command and its `maskprior compile` share."""
+  command.add_arguments(p)
+  methods = ", ".join(command.methods)
+  p.add_argument("--methods", default=",".join(command.default_methods or command.methods),
+                 help=f"comma-separated, from {methods} (default: %(default)s)")
+  p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a "
+                 "list A,B,C (default: %(default)s)")
+  p.add_argument("--config", help="config file with get_config(), or a built-in config's name (default: the "
+                 "built-in config of this benchmark)")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="maskprior", description="Mask-prior experiments.", epilog=CONFIG_HELP,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,14 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     command = _command(name)
     p = sub.add_parser(name, help=command.help, description=command.description, epilog=CONFIG_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    command.add_arguments(p)
-    methods = ", ".join(command.methods)
-    p.add_argument("--methods", default=",".join(command.default_methods or command.methods),
-                   help=f"comma-separated, from {methods} (default: %(default)s)")
-    p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a "
-                   "list A,B,C (default: %(default)s)")
+    _benchmark_flags(p, name, command)
     p.add_argument("--workdir", default=f"runs/{name}", help="run folder; a rerun continues there (default: %(default)s)")
-    p.add_argument("--config", help="config file with get_config() (default: the built-in config of this benchmark)")
     p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
     g = p.add_argument_group("several processes (JAX's distributed runtime)")
     g.add_argument("--distributed", default="auto", choices=["auto", "on", "off"],
@@ -122,6 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num_processes", type=int, help="number of processes (or $MASKPRIOR_NUM_PROCESSES)")
     g.add_argument("--process_id", type=int, help="this process's index, 0..N-1 (or $MASKPRIOR_PROCESS_ID)")
     p.set_defaults(fn=cmd_benchmark)
+  from maskprior_jax.bench.compile import TARGETS
+  c = sub.add_parser("compile", help="compile a benchmark's programs for a TPU slice, a GPU or this CPU, without "
+                     "the device", description="Traces and compiles the training and evaluation programs that "
+                     "`maskprior BENCHMARK` with the same flags would run on --topology, here, and prints one line "
+                     "per program (runs, devices, FLOPs per step, memory per device, collectives, compile time). "
+                     "TPU and GPU targets need the compile extra: pip install 'maskprior-jax[compile]'.")
+  csub = c.add_subparsers(dest="benchmark", required=True)
+  for name in BENCHMARKS:
+    command = _command(name)
+    p = csub.add_parser(name, help=f"compile {name}'s programs", epilog=CONFIG_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _benchmark_flags(p, name, command)
+    p.add_argument("--topology", default="cpu", choices=list(TARGETS), metavar="TOPOLOGY",
+                   help=f"what to compile for: {', '.join(f'{k} ({t.description})' for k, t in TARGETS.items())} "
+                   "(default: %(default)s)")
+    p.add_argument("--json", help="append one JSON line per program to this file (default: print only)")
+    p.set_defaults(fn=cmd_compile)
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
@@ -149,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
   args.overrides, args.argv = [a for a in argv if a.startswith("--config.")], argv
-  if args.command != "report":
+  if args.command == "compile":   # compile-only: this process's CPU, whatever accelerator it has
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+  elif args.command != "report":
     try:
       _start_processes(args)
     except (ValueError, RuntimeError) as e:

@@ -126,6 +126,8 @@ def base_config() -> ml_collections.ConfigDict:
   checkpoint: every_steps, max_to_keep.
   prior: mode "learned" (the mask trains, at mask_lr_multiplier x the base rate) or "frozen".
   model.attention: "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention".
+  model.dtype: "float32", or "bfloat16" (computations in bfloat16; parameters, the mask prior and the
+    optimizer state stay float32, the prior is added in the logits' dtype; `compute_dtype`).
   qk, mimetic: the baselines' settings.
   """
   c = ml_collections.ConfigDict()
@@ -136,7 +138,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = dict(every_steps=250, probe_size=64)
   c.checkpoint = dict(every_steps=500, max_to_keep=2)
   c.prior = dict(mode="learned", mask_lr_multiplier=1.0)
-  c.model = dict(attention="auto")
+  c.model = dict(attention="auto", dtype="float32")
   c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
   return c
@@ -174,6 +176,7 @@ LATER_KEYS = {
     # "auto" stacks none with one vmapped block on a CPU (runner.stacks_methods): the committed folders'
     # bits either way.
     "train.stack_methods": "auto",
+    "model.dtype": "float32",
 }
 
 
@@ -210,21 +213,35 @@ def _get(cfg, key: str):
 ATTENTION = ("xla", "cudnn", "blockwise", "auto")
 
 
+# model.dtype: what the benchmark models compute in (parameters and optimizer state stay float32).
+DTYPES = ("float32", "bfloat16")
+
+
+def compute_dtype(cfg):
+  """model.dtype as the models' `dtype` attribute: None for float32 (the inputs' dtype, as every
+  committed run), jnp.bfloat16 for bfloat16."""
+  import jax.numpy as jnp
+  dtype = cfg.model.get("dtype", "float32")
+  return None if dtype == "float32" else jnp.dtype(dtype).type
+
+
 def attention_record(cfg) -> dict:
-  """What results.json records of the attention path: the config's request and the path the
-  training step takes on this backend (float32 benchmark models, one bias shared by the batch)."""
+  """What results.json records of the attention path: the config's request, the models' compute
+  dtype and the path the training step takes on this backend (one bias shared by the batch)."""
   requested = cfg.model.attention
   import jax.numpy as jnp
 
   from maskprior_jax.attention import attention_implementation
-  return {"requested": requested, "training_path": attention_implementation(requested, jnp.float32, 1)}
+  dtype = cfg.model.get("dtype", "float32")
+  return {"requested": requested, "dtype": dtype,
+          "training_path": attention_implementation(requested, jnp.dtype(dtype), 1)}
 
 
 def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=()) -> None:
   """The checks every benchmark's config needs, each failure one ConfigError naming the key:
   the loop's keys (`base_config`), `choices` {key: allowed values} and `positive` keys (> 0)."""
   from maskprior_jax.train import BATCH_SOURCES, GRAD_REDUCTIONS, PARALLEL
-  choices = {"model.attention": ATTENTION, "train.batches": BATCH_SOURCES, "train.grad_reduction": GRAD_REDUCTIONS,
+  choices = {"model.attention": ATTENTION, "model.dtype": DTYPES, "train.batches": BATCH_SOURCES, "train.grad_reduction": GRAD_REDUCTIONS,
              "train.parallel": PARALLEL, "train.stack_methods": ("auto", "on", "off"),
              "prior.mode": ("learned", "frozen"), "train.optimizer": ("adam", "adamw", "sgd"), **(choices or {})}
   for key, allowed in choices.items():
@@ -241,8 +258,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
 def check_data_parallel(cfg: ml_collections.ConfigDict) -> None:
   """train.data_parallel splits each batch over all devices: the batch must divide evenly."""
   if cfg.train.data_parallel or cfg.train.get("parallel") == "data":
-    import jax
-    n = jax.device_count()
+    from maskprior_jax import sharding
+    n = len(sharding.devices())
     if cfg.train.batch_size % n:
       raise ConfigError(f"train.data_parallel: train.batch_size ({cfg.train.batch_size}) must divide by the "
                         f"{n} devices")

@@ -46,6 +46,7 @@ KEY_DOCS = {
     "model.pos_where": "Boolean: positions added at the `input` or only to queries and keys (`qk`)",
     "model.pooling": "vision: `cls` token or `mean` over patches",
     "model.attention": "`xla`, `cudnn`, `blockwise` or `auto` (cuDNN on a GPU where it is safe); recorded in results.json",
+    "model.dtype": "`float32` or `bfloat16`: what the model computes in (parameters, mask prior and optimizer state stay float32); recorded in results.json",
     # prior
     "prior.mode": "`learned` (the mask trains at `mask_lr_multiplier` x the base rate) or `frozen`",
     "prior.mask_lr_multiplier": "the mask prior's learning rate over the base rate",

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskprior_jax import baselines, distributed, measure, train
+from maskprior_jax import baselines, distributed, measure, sharding, train
 from maskprior_jax.attention import MASK_PRIOR
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import workdir as workdir_lib
@@ -143,7 +143,8 @@ class Command:
   """A benchmark's `maskprior` subcommand (see `bench.cli`): its name and help, the methods it
   can compare (`methods`; `default_methods` run without --methods, all of them if None), `add_arguments(parser)` for its own flags, `prepare(args, cfg, methods) -> (record,
   context)` (every check, before anything is written; `record` identifies the run folder's
-  command and config), and `run(cfg, context, methods, seeds, workdir) -> text` to print."""
+  command and config), `run(cfg, context, methods, seeds, workdir) -> text` to print, and
+  `benchmarks(cfg, context, seeds)`: the (task, `Benchmark`) pairs `run` trains (`maskprior compile`)."""
   name: str
   help: str
   methods: tuple[str, ...]
@@ -153,6 +154,9 @@ class Command:
   default_seeds: str = "3"
   description: str | None = None
   default_methods: tuple[str, ...] | None = None
+  # benchmarks(cfg, context, seeds) -> [(task label, Benchmark)]: what `run` trains, in order, for
+  # `maskprior compile` (which builds their programs without training).
+  benchmarks: Callable | None = None
 
 
 def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
@@ -185,10 +189,24 @@ def batch_source(bench: Benchmark, method: str) -> str:
   return source
 
 
+def loop_batches(bench: Benchmark, method: str, runs: Sequence[Run]):
+  """What the loop draws its batches with (`batch_source`): `train.DeviceBatches` or the host batch function."""
+  if batch_source(bench, method) == "device":
+    return train.DeviceBatches(bench.device_batches(runs))
+  return bench.host_batches(runs)
+
+
 def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh, probe: Probe):
-  """The jitted evaluation of every run during training: the benchmark's metrics, `attn_tv`
-  (each layer's mean total-variation distance between attention rows on the probe and the
-  prior's pattern) and, for a model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
+  """The evaluation of every run during training (`evaluation`), fetched to the host."""
+  eval_all, run_data = evaluation(model, bench, runs, mesh, probe)
+  return lambda stacked: jax.device_get(eval_all(stacked, run_data, init0))
+
+
+def evaluation(model, bench: Benchmark, runs: Sequence[Run], mesh, probe: Probe):
+  """The jitted evaluation of every run during training, `eval_all(stacked_variables, data,
+  initial_variables)`, and the runs' `data`: the benchmark's metrics, `attn_tv` (each layer's mean
+  total-variation distance between attention rows on the probe and the prior's pattern) and, for a
+  model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
   metrics_fn, run_data = bench.eval_metrics(model), bench.eval_data(runs)
   target_attn = jnp.asarray(probe.target_attn)
   rows = slice(None) if probe.rows is None else np.asarray(probe.rows)
@@ -205,8 +223,7 @@ def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh, probe:
       out["mask_drift"] = measure.mask_drift(stacked, init0)
     return out
   # Over a mesh the metrics come back replicated, so that every process can read them.
-  eval_all = jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)}))
-  return lambda stacked: jax.device_get(eval_all(stacked, run_data, init0))
+  return jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)})), run_data
 
 
 def hparams(cfg, method: str) -> dict:
@@ -231,7 +248,7 @@ def stacks_methods(bench: Benchmark) -> bool:
   device (one vmapped block: the same runs within float32 rounding)."""
   choice = bench.cfg.train.get("stack_methods", "auto")
   if choice == "auto":
-    return not (jax.default_backend() == "cpu" and bench.settings.run_block == "all")
+    return not (sharding.platform() == "cpu" and bench.settings.run_block == "all")
   return choice == "on"
 
 
@@ -314,10 +331,7 @@ def train_method(methods: str | Sequence[str], model, bench: Benchmark, runs: Se
       for log, part in zip(logs, parts):
         log.train(step, _runs_part(row, part, total))
 
-  if batch_source(bench, methods[0]) == "device":
-    batches = train.DeviceBatches(bench.device_batches(stacked_runs))
-  else:
-    batches = bench.host_batches(stacked_runs)
+  batches = loop_batches(bench, methods[0], stacked_runs)
   checkpointer = Checkpointer(workdir / "checkpoints" / workdir_lib.path("+".join(methods)) / seeds,
                               max_to_keep=settings.max_to_keep)
   trained = False

@@ -28,7 +28,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import data as data_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench import supervised_report as report
-from maskprior_jax.bench.config import as_recorded, config_digest, loop_settings
+from maskprior_jax.bench.config import as_recorded, compute_dtype, config_digest, loop_settings
 from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -98,7 +98,7 @@ def build_model(pb: Problem, cfg, method: str) -> Transformer:
     mask = dataclasses.replace(pb.mask, init=jax.nn.initializers.zeros)
   return Transformer(dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim, mlp_dim=m.mlp_dim,
                      pos_embedding=m.pos_embedding, mask=mask,
-                     attention_implementation=m.attention, **pb.model_kwargs)
+                     attention_implementation=m.attention, dtype=compute_dtype(cfg), **pb.model_kwargs)
 
 
 def _apply(model, v, x, mask=None):
@@ -279,5 +279,6 @@ def entry_points(kind: str, help: str, dataset_help: str, load_problem, validate
   def run_command(cfg, problem, methods, seeds, workdir) -> str:
     return report.table(run(cfg, problem, methods, seeds, workdir))
   command = runner.Command(name=kind, help=help, methods=METHODS + CONTROLS[kind], default_methods=METHODS,
+                           benchmarks=lambda cfg, problem, seeds: [(cfg.data.dataset, Supervised(cfg, problem))],
                            add_arguments=add_arguments, prepare=prepare, run=run_command)
   return run_from_config, command

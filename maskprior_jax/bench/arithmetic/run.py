@@ -24,7 +24,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import runner
 from maskprior_jax.bench.arithmetic import report
 from maskprior_jax.bench.arithmetic import tasks as arithmetic
-from maskprior_jax.bench.config import ConfigError, UsageError, as_recorded, check, config_digest, loop_settings
+from maskprior_jax.bench.config import ConfigError, UsageError, as_recorded, check, compute_dtype, config_digest, loop_settings
 from maskprior_jax.distributed import take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -79,7 +79,7 @@ def build_model(task: arithmetic.ArithmeticTask, cfg, method: str) -> Transforme
                      head_dim=m.head_dim, mlp_dim=m.mlp_dim, max_len=max_len, causal=True,
                      pos_embedding=m.pos_embedding, pooling="none", head="lm",
                      num_outputs=task.vocab_size, mask=mask, position_ids=coupled,
-                     attention_implementation=m.attention)
+                     attention_implementation=m.attention, dtype=compute_dtype(cfg))
 
 
 def prior_pattern(task: arithmetic.ArithmeticTask, cfg) -> np.ndarray:
@@ -297,4 +297,5 @@ def run_command(cfg, context, methods, seeds, workdir) -> str:
 
 COMMAND = runner.Command(name="arithmetic", help="low-data arithmetic benchmark (addition, modular addition)",
                          methods=METHODS, default_methods=METHODS[:-1], default_seeds="0-4",
+                         benchmarks=lambda cfg, context, seeds: [(cfg.task.name, Arithmetic(cfg, seeds))],
                          add_arguments=add_arguments, prepare=prepare, run=run_command)

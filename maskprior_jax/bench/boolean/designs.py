@@ -90,13 +90,14 @@ class _Tower(nn.Module):
   mlp_dim: int
   pattern: Any
   attention_implementation: str | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, h, allowed):
     for i in range(self.depth):
       h = Block(num_heads=self.num_heads, head_dim=self.head_dim, mlp_dim=self.mlp_dim,
                 mask=MaskSettings(priors.from_matrix(self.pattern)), attention_implementation=self.attention_implementation,
-                name=f"block_{i}")(h, mask=allowed)
+                dtype=self.dtype, name=f"block_{i}")(h, mask=allowed)
     return nn.LayerNorm(name="ln_final")(h)
 
 
@@ -113,6 +114,7 @@ class ReaderModel(nn.Module):
   head_dim: int = 16
   mlp_dim: int = 128
   attention_implementation: str | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, ids):
@@ -135,7 +137,7 @@ class ReaderModel(nn.Module):
       counts = jnp.stack([ids[:, list(s)].sum(-1) for s in self.supports], -1)            # (batch, R)
       with_count = base + table[jnp.arange(r)[None], counts]
     tower = _Tower(self.depth, self.num_heads, self.head_dim, self.mlp_dim, self.pattern,
-                   self.attention_implementation, name="tower")
+                   self.attention_implementation, self.dtype, name="tower")
     readout = nn.Dense(1, use_bias=False, name="readout")
 
     def readers(start):

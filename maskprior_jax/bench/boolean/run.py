@@ -25,7 +25,8 @@ from maskprior_jax.bench import runner
 from maskprior_jax.bench.boolean import algebra, designs, mechanism, methods as boolean_methods, report
 from maskprior_jax.bench.boolean import data as boolean_data
 from maskprior_jax.bench.boolean import tasks as boolean
-from maskprior_jax.bench.config import ConfigError, UsageError, as_recorded, check, config_digest, loop_settings
+from maskprior_jax.bench.config import (ConfigError, UsageError, as_recorded, check, compute_dtype, config_digest,
+                                        loop_settings)
 from maskprior_jax.distributed import is_main_process, take_part
 from maskprior_jax.measure import target_attention
 from maskprior_jax.models import Transformer
@@ -123,7 +124,8 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
   if design is not None:
     return designs.ReaderModel(n=task.n, supports=task.groups, design=design, pattern=design_pattern(task, cfg, design),
                                dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
-                               mlp_dim=m.mlp_dim, attention_implementation=m.attention)
+                               mlp_dim=m.mlp_dim, attention_implementation=m.attention,
+                               dtype=compute_dtype(cfg))
   mask = None
   if method in boolean_methods.BIAS_METHODS:
     mask = MaskSettings(priors.from_matrix(method_pattern(task, cfg, method)))
@@ -140,7 +142,7 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
   return Transformer(vocab_size=2, dim=m.dim, depth=m.depth, num_heads=m.num_heads, head_dim=m.head_dim,
                      mlp_dim=m.mlp_dim, max_len=task.n, pos_embedding=pos,
                      pos_where=m.pos_where, pooling="cls", head="regression", mask=mask,
-                     attention_implementation=m.attention)
+                     attention_implementation=m.attention, dtype=compute_dtype(cfg))
 
 
 def to_ids(x: np.ndarray) -> np.ndarray:
@@ -380,7 +382,14 @@ def run_command(cfg, tasks, methods, seeds, workdir) -> str:
   return report.task_table(res)
 
 
+def benchmarks(cfg, tasks, seeds) -> list[tuple[str, BooleanTask]]:
+  """The tasks `run_command` trains, in order (the headline's, or the one given)."""
+  del seeds
+  tasks = list(headline_tasks(cfg).values()) if tasks is None else tasks
+  return [(t.name, BooleanTask(t, cfg)) for t in tasks]
+
+
 COMMAND = runner.Command(name="boolean", help="Boolean extrapolation (GOTU) benchmark", methods=METHODS,
-                         default_methods=runner.METHODS,
+                         default_methods=runner.METHODS, benchmarks=benchmarks,
                          default_seeds="0-4", add_arguments=add_arguments, prepare=prepare, run=run_command,
                          description="Without --task or --target: the headline, all five tasks.")

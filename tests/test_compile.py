@@ -1,0 +1,142 @@
+"""Accelerator programs checked on this CPU: the runs' programs traced and compiled for a GPU (XLA's
+CUDA compiler) and a TPU slice (libtpu) without the device (`maskprior compile`), cuDNN attention
+with stacked runs, bfloat16 models from the config, and the FLOP count. The GPU and TPU tests need the
+compile extra (`pip install ".[compile]"`; .ci/run installs it) and are skipped without it."""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from maskprior_jax import priors, train
+from maskprior_jax.attention import MaskSettings, for_platform
+from maskprior_jax.bench import compile as compile_lib
+from maskprior_jax.models import Transformer
+
+
+def _have(module):
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
+needs_cuda = pytest.mark.skipif(not (_have("jax_cuda12_plugin") and _have("nvidia.cudnn")),
+                                reason="the compile extra (jax-cuda12-plugin, nvidia-cudnn-cu12) is not installed")
+needs_tpu = pytest.mark.skipif(not _have("libtpu"), reason="the compile extra (libtpu) is not installed")
+
+
+def _model(dtype=jnp.bfloat16, implementation="cudnn", depth=2):
+  return Transformer(vocab_size=2, dim=64, depth=depth, num_heads=4, head_dim=16, mlp_dim=128, max_len=15,
+                     mask=MaskSettings(priors.from_matrix(np.zeros((4, 16, 16), np.float32))), dtype=dtype,
+                     attention_implementation=implementation)
+
+
+def _stacked_step(model, runs=4, batch=16):
+  """The runner's way of stacking seeds: `make_train_step(seed_axis=True)` over `runs` runs, each with
+  its own prior (abstract state and batch)."""
+  one = jax.eval_shape(lambda k: model.clone(attention_implementation="xla").init(k, jnp.zeros((batch, 15), jnp.int32)),
+                       jax.random.key(0))
+
+  def loss_fn(variables, b, rng):
+    return jnp.mean((model.apply(variables, b["x"]) - b["y"]) ** 2), {}
+  tx = optax.adam(1e-3)
+  state = jax.eval_shape(lambda v: train.stack_trees([train.create_state(v, tx, jax.random.key(s)) for s in range(runs)]),
+                         one)
+  b = {"x": jax.ShapeDtypeStruct((runs, batch, 15), jnp.int32), "y": jax.ShapeDtypeStruct((runs, batch), jnp.float32)}
+  return train.make_train_step(loss_fn, tx, seed_axis=True), state, b
+
+
+@needs_cuda
+def test_bfloat16_stacked_runs_with_cudnn_lower_for_cuda_with_the_fused_forward_and_backward():
+  """The bug this guards: JAX's batching rule for the fused kernel reshaped a per-run prior as if it
+  carried the example batch ("cannot reshape array of shape (4, 1, 4, 16, 16) into (64, 4, 16, 16)").
+  Now the stacked program lowers for CUDA with cuDNN's fused calls, forward and backward, in every layer."""
+  step, state, batch = _stacked_step(_model())
+  text = step.trace(state, batch).lower(lowering_platforms=("cuda",)).as_text()
+  calls = re.findall(r"__cudnn\$fmha\w+", text)
+  assert calls.count("__cudnn$fmhaScaleBiasSoftmaxBackward") == 2          # one per layer, all 4 runs in it
+  assert calls.count("__cudnn$fmhaScaleBiasSoftmax") >= 2
+  # "auto" picks the same path for a GPU while tracing on this CPU, and XLA's for a CPU.
+  with for_platform("gpu"):
+    auto = _stacked_step(_model(implementation="auto"))
+    assert "__cudnn$fmhaScaleBiasSoftmaxBackward" in auto[0].trace(*auto[1:]).lower(lowering_platforms=("cuda",)).as_text()
+  cpu = _stacked_step(_model(implementation="auto"))
+  assert "cudnn" not in cpu[0].trace(*cpu[1:]).lower().as_text()
+
+
+def test_flop_count_equals_a_hand_count_of_the_transformer_step():
+  """`count_flops` over one training step (forward and backward: 3x the forward's matrix products)
+  against the Boolean default model's formula, per example and layer: q, k, v and out projections
+  8*T*d*(N*H), the two attention products 4*T*T*N*H, the MLP 4*T*d*m; the head 2*d."""
+  B, T, d, N, H, m, depth = 16, 16, 64, 4, 16, 128, 2
+  step, state, batch = _stacked_step(_model(jnp.float32, "xla", depth), runs=1, batch=B)
+  got = compile_lib.count_flops(step.trace(state, batch).jaxpr)
+  per_layer = 8 * T * d * N * H + 4 * T * T * N * H + 4 * T * d * m
+  hand = 3 * B * (depth * per_layer + 2 * d)
+  assert abs(got - hand) / hand < 0.02, (got, hand)
+
+
+def _compile_cli(*args, timeout=900):
+  out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", "compile", *args], capture_output=True,
+                       text=True, timeout=timeout)
+  return out
+
+
+@needs_cuda
+def test_maskprior_compile_for_a_gpu_builds_the_commands_programs(tmp_path):
+  """`maskprior compile boolean --topology h200 --config.model.dtype=bfloat16`: the programs the run
+  would build (vanilla, mimetic and qk stacked; mask alone; each a training call and an evaluation),
+  cuDNN attention for bfloat16 on a GPU, all runs of a group on the one device, within its memory."""
+  out = _compile_cli("boolean", "--task", "f2", "--methods", "vanilla,qk,mask", "--seeds", "2", "--topology", "h200",
+                     "--config.model.dtype=bfloat16", *SMALL, "--json", str(tmp_path / "p.jsonl"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+  assert [(r["methods"], r["program"]) for r in rows] == [
+      (["vanilla", "qk"], "train"), (["vanilla", "qk"], "eval"), (["mask"], "train"), (["mask"], "eval")]
+  assert {r["attention"] for r in rows} == {"cudnn"} and {r["dtype"] for r in rows} == {"bfloat16"}
+  assert [r["runs"] for r in rows] == [4, 4, 2, 2] and all(r["fits"] and r["devices"] == 1 for r in rows)
+  assert all(r["flops"] > 0 and 0 < r["memory_per_device"] < r["device_memory"] for r in rows)
+  assert "programs compiled for h200; every one fits" in out.stdout
+
+
+@needs_tpu
+def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path):
+  """On a v5e 2x4 slice (8 chips, 2 hosts) 8 runs go one per chip over the runs mesh, with no
+  collective; 3 runs do not split over the chips and train data-parallel, with the gradient's all-reduce."""
+  out = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", "8", "--topology", "v5e-8", *SMALL,
+                     "--json", str(tmp_path / "p.jsonl"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  out3 = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", "3", "--topology", "v5e-8", *SMALL,
+                      "--json", str(tmp_path / "p.jsonl"))
+  assert out3.returncode == 0, out3.stderr[-2000:]
+  rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+  train8, train3 = rows[0], rows[2]
+  assert train8["placement"].startswith("run-parallel: 8 runs over 8 devices") and train8["collectives"] == {}
+  assert train3["placement"].startswith("data-parallel") and train3["collectives"].get("all-reduce", 0) >= 1
+  assert all(r["fits"] for r in rows)
+
+
+def test_compile_refuses_an_unknown_target_in_one_line():
+  out = _compile_cli("boolean", "--task", "f2", "--topology", "h300")
+  assert out.returncode == 2 and "invalid choice: 'h300'" in out.stderr
+  with pytest.raises(compile_lib.UsageError, match="did you mean h100"):
+    compile_lib.target("h10")
+
+
+def test_projection_adds_every_programs_calls():
+  rows = [{"program": "train", "calls_per_step": 0.5, "flops_per_call": 4e12, "devices": 1},
+          {"program": "eval", "calls_per_step": 0.01, "flops_per_call": 1e12, "devices": 1}]
+  # 1,000 steps: 500 train calls (2e15) and 11 evaluations (1.1e13), at half of 1e15 FLOP/s
+  assert compile_lib.projection(rows, 1000, 0.5, 1e15) == pytest.approx((2e15 + 1.1e13) / 5e14)
+
+
+SMALL = ["--config.model.depth=1", "--config.model.dim=16", "--config.model.num_heads=2",
+         "--config.model.head_dim=8", "--config.model.mlp_dim=32", "--config.eval.num_points=512",
+         "--config.eval.probe_size=32"]
