@@ -11,6 +11,8 @@ Lines, each with a "check" key:
 - throughput: steps/s, examples/s, MFU against the device's peak (a table of known peaks, else a
   matmul probe) and peak memory, for the Boolean small and GOTU-size models, the ViT-Tiny and LM
   shapes (experiments/throughput.py's configs), float32 and bfloat16.
+- attention_stacked: the same with 4 runs stacked by jax.vmap, each with its own prior (the runner's way
+  of training seeds together), cuDNN against XLA.
 - seed_vmap: the small Boolean model with 8 seeds vmapped against 1 (seed-steps/s ratio).
 """
 import argparse
@@ -68,6 +70,32 @@ def attention_check():
     emit(**row)
 
 
+def stacked_attention_check(runs: int = 4):
+  """The runner's stacked runs (jax.vmap over runs, each with its own prior) with cuDNN: output and the
+  priors' gradients against XLA's, bfloat16 (the path that failed to trace before the run axis was
+  folded into the heads)."""
+  q = jax.random.normal(jax.random.key(0), (4, 64, 128), jnp.bfloat16)
+  ref = None
+  for impl in ("xla", "cudnn"):
+    m = mp.MaskPriorAttention(num_heads=2, mask_init=priors.locality_1d(), dtype=jnp.bfloat16, implementation=impl)
+    row = {"check": "attention_stacked", "implementation": impl, "runs": runs}
+    try:
+      vs = jax.vmap(lambda k: m.clone(implementation="xla").init(k, q))(jax.random.split(jax.random.key(1), runs))
+      vs = {**vs, mp.MASK_PRIOR: jax.tree.map(lambda b: b * jnp.arange(1, runs + 1).reshape(-1, 1, 1, 1),
+                                                vs[mp.MASK_PRIOR])}   # a different prior per run
+      out = jax.jit(jax.vmap(lambda v: m.apply(v, q)))(vs)
+      grad = jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(m.apply(v, q).astype(jnp.float32) ** 2))))(vs)
+      grad = grad[mp.MASK_PRIOR]["bias"]
+      if impl == "xla":
+        ref = (out, grad)
+      row.update(runs_ok=True, max_out_diff_vs_xla=float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref[0].astype(jnp.float32)))),
+                 max_bias_grad_diff_vs_xla=float(jnp.max(jnp.abs(grad - ref[1]))),
+                 bias_grad_scale=float(jnp.max(jnp.abs(ref[1]))))
+    except Exception as e:
+      row.update(runs_ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    emit(**row)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true", help="few steps, small batch for the large configs")
@@ -77,6 +105,7 @@ def main():
   emit(check="devices", backend=jax.default_backend(), count=jax.device_count(),
        kinds=sorted({d.device_kind for d in jax.devices()}), jax=jax.__version__)
   attention_check()
+  stacked_attention_check()
   steps = 20 if args.quick else 200
   for dtype in (None, jnp.bfloat16):
     peak, source = peak_flops(dtype)

@@ -4,12 +4,12 @@ JSON lines: experiments/results/accelerator_compile/programs.jsonl (one line per
   pip install ".[bench,compile]"
   python experiments/accelerator_compile.py                       # the whole matrix, resumable
   python experiments/accelerator_compile.py --targets h200 --dtypes bfloat16
-  python experiments/accelerator_compile.py --markdown            # the docs tables from the lines
+  python experiments/accelerator_compile.py --markdown experiments/results/accelerator_compile/programs.jsonl
 
-The matrix: each benchmark's default command (the Boolean default at task f1: its other tasks' programs
-have the same sizes or fewer tokens) and the paper-size Boolean config (boolean_paper, what notebook 02
-runs on a GPU or TPU runtime) at f1 (n = 15, like f2, f3 and f4 there) and frozen_coordinate (n = 18),
-in float32 and bfloat16, for each target. A command already in the file is not run again.
+The matrix: each benchmark's default command (the Boolean one is the main job: the headline's five tasks)
+and the paper-size Boolean config (boolean_paper, what notebook 02 runs on a GPU or TPU runtime) at f1
+(n = 15, as f2, f3 and f4 there: the same programs) and frozen_coordinate (n = 18), in float32 and
+bfloat16, for each target. A command already in the file is not run again.
 """
 import argparse
 import json
@@ -25,7 +25,7 @@ DTYPES = ("bfloat16", "float32")
 COMMANDS = (
     ("boolean", "boolean_paper", ["--task", "f1_threesym"]),
     ("boolean", "boolean_paper", ["--task", "frozen_coordinate"]),
-    ("boolean", None, ["--task", "f1_threesym"]),
+    ("boolean", None, []),
     ("arithmetic", None, []),
     ("vision", None, []),
     ("language", None, []),
@@ -71,16 +71,103 @@ def run_matrix(targets, dtypes, out: pathlib.Path):
         print(f"{command}: {len(lines)} programs in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
+MFUS = (0.10, 0.45)          # the projections' stated MFUs
+GOAL_SECONDS = 300           # the paper-size headline in at most 5 minutes on one device
+
+
+def _mib(x):
+  return f"{x / (1 << 20):,.0f}"
+
+
+def _gib(x):
+  return f"{x / (1 << 30):,.0f}"
+
+
+def _steps(config: str) -> int:
+  from maskprior_jax.bench.config import builtin_config
+  return int(builtin_config(config).train.steps)
+
+
+def _name(row) -> str:
+  """A command's short name: benchmark, config and task flag."""
+  cmd = row["command"].split()
+  task = cmd[cmd.index("--task") + 1] if "--task" in cmd else None
+  config = row["config"] if row["config"] != "default" else row["benchmark"]
+  return config + (f" --task {task}" if task else "")
+
+
+def _commands(rows):
+  out = {}
+  for r in rows:
+    out.setdefault((r["target"], r["dtype"], _name(r)), []).append(r)
+  return out
+
+
+def _headline(groups, target, dtype, config, tasks):
+  """Rows of a Boolean headline from its tasks' commands ({task: times}), or None if one is missing."""
+  rows = []
+  for task, times in tasks.items():
+    got = groups.get((target, dtype, f"{config} --task {task}"))
+    if got is None:
+      return None
+    rows += got * times
+  return rows
+
+
+def markdown(rows) -> str:
+  """The docs tables: every command's programs per target, and the projections."""
+  from maskprior_jax.bench.compile import TARGETS, projection
+  groups = _commands(rows)
+  targets = [t for t in TARGETS if any(k[0] == t for k in groups)]
+  lines = ["| target | dtype | command | programs | runs per program | GFLOP per run-step | largest memory per device, MiB "
+           "(device: GiB) | fit | collectives | attention | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for (target, dtype, name), rs in sorted(groups.items(), key=lambda kv: (targets.index(kv[0][0]), kv[0][1], kv[0][2])):
+    trains = [r for r in rs if r["program"] == "train"]
+    per_run = sorted({f"{r['flops'] / r['runs'] / 1e9:,.2f}" for r in trains}, key=lambda x: float(x.replace(",", "")))
+    coll = sorted({f"{k} x{v}" for r in rs for k, v in r["collectives"].items()})
+    runs = sorted({r["runs"] for r in trains})
+    lines.append(f"| {target} | {dtype} | {name} | {len(rs)} | {', '.join(map(str, runs))} | {' / '.join(per_run)} | "
+                 f"{_mib(max(r['memory_per_device'] for r in rs))} ({_gib(rs[0]['device_memory'])}) | "
+                 f"{'all' if all(r['fits'] for r in rs) else 'NO'} | {', '.join(coll) or 'none'} | "
+                 f"{', '.join(sorted({r['attention'] for r in rs}))} | {sum(r['compile_seconds'] for r in rs):,.0f} |")
+  lines += ["", "| target | dtype | command | steps | PFLOP in all | at 10% MFU | at 45% MFU | MFU for 5 minutes |",
+            "|---|---|---|---|---|---|---|---|"]
+  for target in targets:
+    peak = TARGETS[target].peak
+    if not peak:
+      continue
+    for dtype in DTYPES:
+      plans = [("boolean_paper headline (5 tasks x 4 methods x 5 seeds)",
+                _headline(groups, target, dtype, "boolean_paper", PAPER_HEADLINE_TASKS), _steps("boolean_paper"))]
+      plans += [(f"{b} (default)", groups.get((target, dtype, b)), _steps(b)) for b in ("boolean", "arithmetic", "vision", "language")]
+      for name, rs, steps in plans:
+        if not rs:
+          continue
+        flops = sum(r["flops_per_call"] * (r["calls_per_step"] * steps + (r["program"] == "eval")) for r in rs)
+        times = [projection(rs, steps, m, peak[dtype]) for m in MFUS]
+        need = projection(rs, steps, 1.0, peak[dtype]) / GOAL_SECONDS
+        lines.append(f"| {target} | {dtype} | {name} | {steps:,} | {flops / 1e15:,.1f} | {_dur(times[0])} | "
+                     f"{_dur(times[1])} | {need:.0%} |")
+  return "\n".join(lines) + "\n"
+
+
+def _dur(seconds: float) -> str:
+  return f"{seconds:,.0f} s" if seconds < 120 else f"{seconds / 60:,.1f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
+
+
+def load(path: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--targets", default=",".join(TARGETS))
   p.add_argument("--dtypes", default=",".join(DTYPES))
   p.add_argument("--out", default=str(OUT))
-  p.add_argument("--markdown", action="store_true", help="print the docs tables from the JSON lines and stop")
+  p.add_argument("--markdown", help="print the docs tables of this JSON-lines file and stop")
   a = p.parse_args()
   if a.markdown:
-    from maskprior_jax.bench import compile_report
-    print(compile_report.markdown(compile_report.load(pathlib.Path(a.out))), end="")
+    print(markdown(load(pathlib.Path(a.markdown))), end="")
     return
   run_matrix(a.targets.split(","), a.dtypes.split(","), pathlib.Path(a.out))
 

@@ -26,7 +26,8 @@ import numpy as np
 __all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
            "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
            "relative_2d_index", "decode_step", "attention_implementation", "dot_product_attention", "dropout_shape",
-           "with_prior_bias", "for_platform", "target_platform", "heads_folded_attention", "PLATFORMS"]
+           "with_prior_bias", "for_platform", "target_platform", "heads_folded_attention", "PLATFORMS",
+           "cudnn_unsupported"]
 
 MASK_PRIOR = "mask_prior"
 ATTENTION_WEIGHTS = "attention_weights"
@@ -433,8 +434,21 @@ def target_platform() -> str:
   return sharding.platform()
 
 
+def cudnn_unsupported(q_len: int, kv_len: int, head_dim: int, has_bias: bool) -> str | None:
+  """Why cuDNN's fused attention (as JAX calls it, bfloat16/float16) refuses a training call of these
+  sizes, or None: the head dimension must be a multiple of 8 and at most 128 (256 from Hopper on; the
+  lower bound is used, as the compiler cannot tell ahead of time), and with a bias both lengths must be
+  even."""
+  if head_dim % 8 or head_dim > 128:
+    return f"cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 128, not {head_dim}"
+  if has_bias and (q_len % 2 or kv_len % 2):
+    return (f"cuDNN's fused attention with a bias needs even sequence lengths, not {q_len} x {kv_len} "
+            "(e.g. a CLS token after an even number of tokens)")
+  return None
+
+
 def attention_implementation(requested: str | None, dtype, bias_batch: int | None,
-                             backend: str | None = None) -> str:
+                             backend: str | None = None, *, shape: tuple[int, int, int] | None = None) -> str:
   """The attention path a call will use: "xla", "cudnn" or "blockwise".
 
   "auto" picks cuDNN only on a GPU (`backend`, else `target_platform()`: the platform set by
@@ -442,7 +456,9 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
   has a batch dimension of 1 (one bias for the whole batch, as a mask prior; a float32 bias has been
   reported to give NaNs); everything else runs XLA. Several runs stacked under `jax.vmap` (one
   prior per run) keep the fused kernel: the run axis is folded into the heads (see
-  `dot_product_attention`). None means "xla" (this JAX version's choice). "blockwise"
+  `dot_product_attention`). With `shape` = (q_len, kv_len, head_dim), "auto" also keeps to the sizes
+  cuDNN supports (`cudnn_unsupported`: e.g. a bias with an odd sequence length runs XLA). None means
+  "xla" (this JAX version's choice). "blockwise"
   (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length per block, and
   returns the bias gradient at the bias's own size.
   """
@@ -454,7 +470,8 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
     raise ValueError(f"implementation must be None, 'xla', 'cudnn', 'blockwise' or 'auto', not {requested!r}")
   backend = backend or target_platform()
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  return "cudnn" if backend in ("gpu", "cuda") and half and bias_batch in (None, 1) else "xla"
+  fits = shape is None or cudnn_unsupported(*shape, has_bias=bias_batch is not None) is None
+  return "cudnn" if backend in ("gpu", "cuda") and half and bias_batch in (None, 1) and fits else "xla"
 
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
@@ -472,8 +489,14 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
   call is made through `heads_folded_attention` instead, which folds the mapped axis into the heads
   ((R, B, T, N, H) -> (B, T, R*N, H), the bias (R, Bb, N, T, S) -> (Bb, R*N, T, S)): one fused call
   forward and one backward for all runs, the bias gradient at the bias's own size."""
-  bias_batch = None if bias is None else (jnp.shape(bias)[0] if jnp.ndim(bias) == 4 else 1)
-  impl = attention_implementation(implementation, query.dtype, bias_batch)
+  bias_batch = None if bias is None and mask is None else (
+      jnp.shape(bias)[0] if bias is not None and jnp.ndim(bias) == 4 else 1)
+  shape = (query.shape[-3], key.shape[-3], query.shape[-1])
+  impl = attention_implementation(implementation, query.dtype, bias_batch, shape=shape)
+  if impl == "cudnn":
+    why = cudnn_unsupported(*shape, has_bias=bias_batch is not None)
+    if why is not None:
+      raise ValueError(f"implementation='cudnn': {why}; use 'auto' (XLA where cuDNN cannot) or 'xla'")
   if impl == "blockwise":
     from maskprior_jax.blockwise import blockwise_attention
     return blockwise_attention(query, key, value, bias, mask, block_size)
@@ -512,9 +535,9 @@ def _heads_folding(fn, head_axes_in: tuple[int, ...], head_axes_out: tuple[int, 
 def _heads_folded_call(implementation: str):
   """The custom-VJP attention of `heads_folded_attention` for one implementation (built once)."""
   attend = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
-  # Forward with the residuals the backward needs (discarded here; the backward's identical call is
-  # the same computation, which XLA merges), and the backward: both fold a mapped axis into the heads.
-  train_fwd = _heads_folding(lambda q, k, v, b: (jax.vjp(attend, q, k, v, b)[0],), (2, 2, 2, 1), (2,))
+  # The forward, and the backward, which makes cuDNN's training forward again for the statistics its
+  # backward kernel reads (a custom_vmap function has no reverse-mode derivative of its own, so the
+  # forward's residuals cannot be handed over): one more fused forward per layer in training.
   infer = _heads_folding(lambda q, k, v, b: (attend(q, k, v, b),), (2, 2, 2, 1), (2,))
   bwd = _heads_folding(lambda q, k, v, b, g: tuple(jax.vjp(attend, q, k, v, b)[1](g)), (2, 2, 2, 1, 2),
                        (2, 2, 2, 1))
@@ -524,7 +547,7 @@ def _heads_folded_call(implementation: str):
     return infer(q, k, v, b)[0]
 
   def call_fwd(q, k, v, b):
-    return train_fwd(q, k, v, b)[0], (q, k, v, b)
+    return infer(q, k, v, b)[0], (q, k, v, b)
 
   def call_bwd(res, g):
     return bwd(*res, g)

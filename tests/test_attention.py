@@ -387,12 +387,23 @@ def test_auto_attention_resolves_for_the_target_platform_while_tracing():
   assert target_platform() == jax.default_backend() == "cpu"
   with for_platform("gpu"):
     assert target_platform() == "gpu" and pick("auto", jnp.bfloat16, 1) == "cudnn"
-    assert pick("auto", jnp.float32, 1) == "xla"
-    x = jnp.zeros((2, 16, 4, 8), jnp.bfloat16)
-    jaxpr = str(jax.make_jaxpr(lambda x: mp.dot_product_attention(x, x, x, jnp.zeros((1, 4, 16, 16)),
-                                                                  implementation="auto"))(x))
-    assert "dot_product_attention_fwd" in jaxpr
+    assert pick("auto", jnp.float32, 1) == "xla"   # (tests/test_compile.py traces and lowers it for CUDA)
   assert target_platform() == "cpu" and pick("auto", jnp.bfloat16, 1) == "xla"
   with pytest.raises(ValueError, match="platform must be"):
     with for_platform("cuda-ish"):
       pass
+
+
+def test_auto_keeps_to_the_sizes_cudnn_supports_and_cudnn_names_the_size_it_refuses():
+  """cuDNN's fused attention refuses a bias with an odd sequence length (the Boolean frozen-coordinate
+  task's 18 tokens + CLS) and head dimensions off a multiple of 8: "auto" runs XLA there, an explicit
+  "cudnn" says why in one line (found by compiling the benchmarks for an H100: `maskprior compile`)."""
+  from maskprior_jax.attention import attention_implementation as pick, cudnn_unsupported
+  assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(16, 16, 64)) == "cudnn"
+  assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(19, 19, 64)) == "xla"
+  assert pick("auto", jnp.bfloat16, None, backend="gpu", shape=(19, 19, 64)) == "cudnn"   # no bias: any length
+  assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(16, 16, 12)) == "xla"
+  assert "even sequence lengths, not 19 x 19" in cudnn_unsupported(19, 19, 64, has_bias=True)
+  x = jnp.zeros((2, 19, 4, 16), jnp.bfloat16)
+  with pytest.raises(ValueError, match="implementation='cudnn': cuDNN's fused attention with a bias needs even"):
+    mp.dot_product_attention(x, x, x, jnp.zeros((1, 4, 19, 19)), implementation="cudnn")

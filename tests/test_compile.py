@@ -89,38 +89,57 @@ def _compile_cli(*args, timeout=900):
   return out
 
 
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 @needs_cuda
-def test_maskprior_compile_for_a_gpu_builds_the_commands_programs(tmp_path):
-  """`maskprior compile boolean --topology h200 --config.model.dtype=bfloat16`: the programs the run
-  would build (vanilla, mimetic and qk stacked; mask alone; each a training call and an evaluation),
-  cuDNN attention for bfloat16 on a GPU, all runs of a group on the one device, within its memory."""
+def test_maskprior_compile_for_a_gpu_builds_the_boolean_defaults_programs(tmp_path):
+  """`maskprior compile boolean --topology h200 --config.model.dtype=bfloat16` (the Boolean default's
+  model): the programs the run would build (vanilla and qk stacked, mask alone; each a training call
+  and an evaluation), cuDNN attention for bfloat16 on a GPU (the stacked runs' per-run prior included),
+  every run of a group in one program on the one device, within its memory."""
   out = _compile_cli("boolean", "--task", "f2", "--methods", "vanilla,qk,mask", "--seeds", "2", "--topology", "h200",
-                     "--config.model.dtype=bfloat16", *SMALL, "--json", str(tmp_path / "p.jsonl"))
+                     "--config.model.dtype=bfloat16", "--json", str(tmp_path / "p.jsonl"))
   assert out.returncode == 0, out.stderr[-2000:]
-  rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+  rows = _rows(tmp_path / "p.jsonl")
   assert [(r["methods"], r["program"]) for r in rows] == [
       (["vanilla", "qk"], "train"), (["vanilla", "qk"], "eval"), (["mask"], "train"), (["mask"], "eval")]
   assert {r["attention"] for r in rows} == {"cudnn"} and {r["dtype"] for r in rows} == {"bfloat16"}
   assert [r["runs"] for r in rows] == [4, 4, 2, 2] and all(r["fits"] and r["devices"] == 1 for r in rows)
   assert all(r["flops"] > 0 and 0 < r["memory_per_device"] < r["device_memory"] for r in rows)
-  assert "programs compiled for h200; every one fits" in out.stdout
+  assert "4 programs compiled for h200; every one fits" in out.stdout
 
 
 @needs_tpu
 def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path):
-  """On a v5e 2x4 slice (8 chips, 2 hosts) 8 runs go one per chip over the runs mesh, with no
-  collective; 3 runs do not split over the chips and train data-parallel, with the gradient's all-reduce."""
-  out = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", "8", "--topology", "v5e-8", *SMALL,
-                     "--json", str(tmp_path / "p.jsonl"))
-  assert out.returncode == 0, out.stderr[-2000:]
-  out3 = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", "3", "--topology", "v5e-8", *SMALL,
-                      "--json", str(tmp_path / "p.jsonl"))
-  assert out3.returncode == 0, out3.stderr[-2000:]
-  rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
-  train8, train3 = rows[0], rows[2]
+  """The Boolean default on a v5e 2x4 slice (8 chips, 2 hosts): 8 runs go one per chip over the runs
+  mesh, with no collective; 3 runs do not split over the chips and train data-parallel, with the
+  gradient's all-reduce."""
+  for seeds in ("8", "3"):
+    out = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", seeds, "--topology", "v5e-8",
+                       "--json", str(tmp_path / "p.jsonl"))
+    assert out.returncode == 0, out.stderr[-2000:]
+  train8, _, train3, _ = _rows(tmp_path / "p.jsonl")
   assert train8["placement"].startswith("run-parallel: 8 runs over 8 devices") and train8["collectives"] == {}
   assert train3["placement"].startswith("data-parallel") and train3["collectives"].get("all-reduce", 0) >= 1
-  assert all(r["fits"] for r in rows)
+  assert train8["fits"] and train3["fits"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (_have("libtpu") and _have("jax_cuda12_plugin") and _have("nvidia.cudnn")),
+                    reason="the compile extra is not installed")
+@pytest.mark.parametrize("topology,dtype", [("v5e-1", "float32"), ("h100", "bfloat16")])
+def test_the_paper_size_boolean_program_compiles_and_fits_one_chip(tmp_path, topology, dtype):
+  """GOTU's model (boolean_paper: dim 256, depth 12, batch 256), mask runs stacked, for one TPU v5e
+  chip and one H100: both programs compile and fit, at about 160 GFLOP per run and step."""
+  out = _compile_cli("boolean", "--config", "boolean_paper", "--task", "f2", "--methods", "mask", "--seeds", "2",
+                     "--topology", topology, f"--config.model.dtype={dtype}", "--json", str(tmp_path / "p.jsonl"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  train, evaluation = _rows(tmp_path / "p.jsonl")
+  assert train["runs"] == 2 and train["fits"] and evaluation["fits"]
+  assert 1.5e11 < train["flops"] / 2 < 1.7e11
+  assert train["attention"] == ("cudnn" if topology == "h100" else "xla")
 
 
 def test_compile_refuses_an_unknown_target_in_one_line():
@@ -136,7 +155,3 @@ def test_projection_adds_every_programs_calls():
   # 1,000 steps: 500 train calls (2e15) and 11 evaluations (1.1e13), at half of 1e15 FLOP/s
   assert compile_lib.projection(rows, 1000, 0.5, 1e15) == pytest.approx((2e15 + 1.1e13) / 5e14)
 
-
-SMALL = ["--config.model.depth=1", "--config.model.dim=16", "--config.model.num_heads=2",
-         "--config.model.head_dim=8", "--config.model.mlp_dim=32", "--config.eval.num_points=512",
-         "--config.eval.probe_size=32"]

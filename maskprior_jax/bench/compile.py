@@ -285,6 +285,7 @@ def _compile(fn, args, what: str, lowering: str):
   try:
     traced = fn.trace(*args)
     flops = count_flops(traced.jaxpr)
+    fused = "dot_product_attention_fwd" in str(traced.jaxpr)
     compiled = traced.lower(lowering_platforms=(lowering,)).compile()
   except UsageError:
     raise
@@ -294,7 +295,7 @@ def _compile(fn, args, what: str, lowering: str):
   m = compiled.memory_analysis()
   memory = float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                  - m.alias_size_in_bytes) if m is not None else float("nan")
-  return flops, memory, _collectives(compiled.as_text() or ""), seconds
+  return flops, memory, _collectives(compiled.as_text() or ""), seconds, fused
 
 
 def _lowering(platform: str) -> str:
@@ -350,9 +351,10 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   used = 1 if (k or mesh is None) else placement.devices
   label = f"{bench.name} {'+'.join(methods)}"
   lowering = _lowering(tgt.platform)
-  impl = attention.attention_implementation(bench.cfg.model.attention, jnp.dtype(bench.cfg.model.get("dtype", "float32")), 1)
   dtype = bench.cfg.model.get("dtype", "float32")
-  flops, memory, coll, secs = _compile(call, args, f"{label} train step", lowering)
+  flops, memory, coll, secs, fused = _compile(call, args, f"{label} train step", lowering)
+  # The path the program took: cuDNN's fused kernel where it is in the traced step, else XLA's (or blockwise).
+  impl = "cudnn" if fused else "blockwise" if bench.cfg.model.attention == "blockwise" else "xla"
   common = dict(benchmark=bench.kind, task=task, methods=methods, placement=placement.describe(), devices=used,
                 device_memory=tgt.memory, attention=impl, dtype=dtype)
   rows = [Program(program="train", runs=program_runs, calls_per_step=(n // program_runs) / spc, flops_per_call=flops,
@@ -370,7 +372,7 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   variables = _with_run_axis(one.variables, n)
   eval_args = (_abstract(variables, var_spec), None if data is None else _abstract(data, rest_spec),
                _abstract(variables, rest_spec))
-  flops, memory, coll, secs = _compile(eval_all, eval_args, f"{label} evaluation", lowering)
+  flops, memory, coll, secs, _ = _compile(eval_all, eval_args, f"{label} evaluation", lowering)
   every = settings.eval_every or settings.steps
   rows.append(Program(program="eval", runs=n, calls_per_step=1.0 / every, flops_per_call=flops, steps_per_call=1,
                       memory_per_device=memory, collectives=coll, compile_seconds=secs,
