@@ -434,16 +434,16 @@ def target_platform() -> str:
   return sharding.platform()
 
 
-def cudnn_unsupported(q_len: int, kv_len: int, head_dim: int, has_bias: bool) -> str | None:
-  """Why cuDNN's fused attention (as JAX calls it, bfloat16/float16) refuses a training call of these
-  sizes, or None: the head dimension must be a multiple of 8 and at most 128 (256 from Hopper on; the
-  lower bound is used, as the compiler cannot tell ahead of time), and with a bias both lengths must be
-  even."""
+def cudnn_unsupported(q_len: int, kv_len: int, head_dim: int) -> str | None:
+  """Why cuDNN's fused attention (as this JAX calls it, bfloat16/float16) refuses a training call of
+  these sizes, or None: the head dimension must be a multiple of 8 and at most 128 (256 from Hopper on;
+  the lower bound is used, as a program built ahead of time cannot ask the device), and both sequence
+  lengths must be even (JAX checks it for every differentiated call, with a bias or without)."""
   if head_dim % 8 or head_dim > 128:
     return f"cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 128, not {head_dim}"
-  if has_bias and (q_len % 2 or kv_len % 2):
-    return (f"cuDNN's fused attention with a bias needs even sequence lengths, not {q_len} x {kv_len} "
-            "(e.g. a CLS token after an even number of tokens)")
+  if q_len % 2 or kv_len % 2:
+    return (f"cuDNN's fused attention (trained) needs even sequence lengths, not {q_len} x {kv_len} "
+            "(e.g. a CLS token before an even number of tokens)")
   return None
 
 
@@ -457,7 +457,7 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
   reported to give NaNs); everything else runs XLA. Several runs stacked under `jax.vmap` (one
   prior per run) keep the fused kernel: the run axis is folded into the heads (see
   `dot_product_attention`). With `shape` = (q_len, kv_len, head_dim), "auto" also keeps to the sizes
-  cuDNN supports (`cudnn_unsupported`: e.g. a bias with an odd sequence length runs XLA). None means
+  cuDNN supports (`cudnn_unsupported`: e.g. an odd sequence length runs XLA). None means
   "xla" (this JAX version's choice). "blockwise"
   (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length per block, and
   returns the bias gradient at the bias's own size.
@@ -470,7 +470,7 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
     raise ValueError(f"implementation must be None, 'xla', 'cudnn', 'blockwise' or 'auto', not {requested!r}")
   backend = backend or target_platform()
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  fits = shape is None or cudnn_unsupported(*shape, has_bias=bias_batch is not None) is None
+  fits = shape is None or cudnn_unsupported(*shape) is None
   return "cudnn" if backend in ("gpu", "cuda") and half and bias_batch in (None, 1) and fits else "xla"
 
 
@@ -494,7 +494,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bi
   shape = (query.shape[-3], key.shape[-3], query.shape[-1])
   impl = attention_implementation(implementation, query.dtype, bias_batch, shape=shape)
   if impl == "cudnn":
-    why = cudnn_unsupported(*shape, has_bias=bias_batch is not None)
+    why = cudnn_unsupported(*shape)
     if why is not None:
       raise ValueError(f"implementation='cudnn': {why}; use 'auto' (XLA where cuDNN cannot) or 'xla'")
   if impl == "blockwise":

@@ -395,15 +395,16 @@ def test_auto_attention_resolves_for_the_target_platform_while_tracing():
 
 
 def test_auto_keeps_to_the_sizes_cudnn_supports_and_cudnn_names_the_size_it_refuses():
-  """cuDNN's fused attention refuses a bias with an odd sequence length (the Boolean frozen-coordinate
-  task's 18 tokens + CLS) and head dimensions off a multiple of 8: "auto" runs XLA there, an explicit
-  "cudnn" says why in one line (found by compiling the benchmarks for an H100: `maskprior compile`)."""
+  """cuDNN's fused attention, as JAX calls it in training, refuses odd sequence lengths (the Boolean
+  frozen-coordinate task's 18 tokens + CLS) and head dimensions off a multiple of 8: "auto" runs XLA
+  there, an explicit "cudnn" says why in one line (found by compiling the benchmarks for an H100:
+  `maskprior compile`)."""
   from maskprior_jax.attention import attention_implementation as pick, cudnn_unsupported
   assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(16, 16, 64)) == "cudnn"
   assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(19, 19, 64)) == "xla"
-  assert pick("auto", jnp.bfloat16, None, backend="gpu", shape=(19, 19, 64)) == "cudnn"   # no bias: any length
+  assert pick("auto", jnp.bfloat16, None, backend="gpu", shape=(11, 11, 16)) == "xla"
   assert pick("auto", jnp.bfloat16, 1, backend="gpu", shape=(16, 16, 12)) == "xla"
-  assert "even sequence lengths, not 19 x 19" in cudnn_unsupported(19, 19, 64, has_bias=True)
+  assert "even sequence lengths, not 19 x 19" in cudnn_unsupported(19, 19, 64)
   x = jnp.zeros((2, 19, 4, 16), jnp.bfloat16)
-  with pytest.raises(ValueError, match="implementation='cudnn': cuDNN's fused attention with a bias needs even"):
+  with pytest.raises(ValueError, match="implementation='cudnn': cuDNN's fused attention .trained. needs even"):
     mp.dot_product_attention(x, x, x, jnp.zeros((1, 4, 19, 19)), implementation="cudnn")
