@@ -61,7 +61,8 @@ def run_matrix(targets, dtypes, out: pathlib.Path):
         lines = [json.loads(line) for line in tmp.read_text().splitlines()] if tmp.exists() else []
         tmp.unlink(missing_ok=True)
         if proc.returncode not in (0, 1) or not lines:   # 1: compiled, something does not fit (recorded)
-          err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+          lines_err = proc.stderr.strip().splitlines() or ["?"]
+          err = next((x for x in reversed(lines_err) if x.startswith(("maskprior:", "Traceback"))), lines_err[-1])
           print(f"FAILED {command}: {err}", flush=True)
           continue
         with open(out, "a") as f:
@@ -69,10 +70,6 @@ def run_matrix(targets, dtypes, out: pathlib.Path):
             row["command"] = command
             f.write(json.dumps(row) + "\n")
         print(f"{command}: {len(lines)} programs in {time.perf_counter() - t0:.0f} s", flush=True)
-
-
-MFUS = (0.10, 0.45)          # the projections' stated MFUs
-GOAL_SECONDS = 300           # the paper-size headline in at most 5 minutes on one device
 
 
 def _mib(x):
@@ -115,10 +112,11 @@ def _headline(groups, target, dtype, config, tasks):
 
 
 def markdown(rows) -> str:
-  """The docs tables: every command's programs per target, and the projections."""
-  from maskprior_jax.bench.compile import TARGETS, projection
+  """The docs table: every command's programs, per target and dtype."""
+  from maskprior_jax.bench.compile import TARGETS
   groups = _commands(rows)
-  targets = [t for t in TARGETS if any(k[0] == t for k in groups)]
+  targets = [t for t in TARGETS if t != "cpu" and any(k[0] == t for k in groups)]
+  targets += ["cpu"] if any(k[0] == "cpu" for k in groups) else []
   lines = ["| target | dtype | command | programs | runs per program | GFLOP per run-step | largest memory per device, MiB "
            "(device: GiB) | fit | collectives | attention | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for (target, dtype, name), rs in sorted(groups.items(), key=lambda kv: (targets.index(kv[0][0]), kv[0][1], kv[0][2])):
@@ -130,29 +128,7 @@ def markdown(rows) -> str:
                  f"{_mib(max(r['memory_per_device'] for r in rs))} ({_gib(rs[0]['device_memory'])}) | "
                  f"{'all' if all(r['fits'] for r in rs) else 'NO'} | {', '.join(coll) or 'none'} | "
                  f"{', '.join(sorted({r['attention'] for r in rs}))} | {sum(r['compile_seconds'] for r in rs):,.0f} |")
-  lines += ["", "| target | dtype | command | steps | PFLOP in all | at 10% MFU | at 45% MFU | MFU for 5 minutes |",
-            "|---|---|---|---|---|---|---|---|"]
-  for target in targets:
-    peak = TARGETS[target].peak
-    if not peak:
-      continue
-    for dtype in DTYPES:
-      plans = [("boolean_paper headline (5 tasks x 4 methods x 5 seeds)",
-                _headline(groups, target, dtype, "boolean_paper", PAPER_HEADLINE_TASKS), _steps("boolean_paper"))]
-      plans += [(f"{b} (default)", groups.get((target, dtype, b)), _steps(b)) for b in ("boolean", "arithmetic", "vision", "language")]
-      for name, rs, steps in plans:
-        if not rs:
-          continue
-        flops = sum(r["flops_per_call"] * (r["calls_per_step"] * steps + (r["program"] == "eval")) for r in rs)
-        times = [projection(rs, steps, m, peak[dtype]) for m in MFUS]
-        need = projection(rs, steps, 1.0, peak[dtype]) / GOAL_SECONDS
-        lines.append(f"| {target} | {dtype} | {name} | {steps:,} | {flops / 1e15:,.1f} | {_dur(times[0])} | "
-                     f"{_dur(times[1])} | {need:.0%} |")
   return "\n".join(lines) + "\n"
-
-
-def _dur(seconds: float) -> str:
-  return f"{seconds:,.0f} s" if seconds < 120 else f"{seconds / 60:,.1f} min" if seconds < 7200 else f"{seconds / 3600:,.1f} h"
 
 
 def load(path: pathlib.Path) -> list[dict]:

@@ -1,7 +1,8 @@
 """Accelerator programs checked on this CPU: the runs' programs traced and compiled for a GPU (XLA's
 CUDA compiler) and a TPU slice (libtpu) without the device (`maskprior compile`), cuDNN attention
 with stacked runs, bfloat16 models from the config, and the FLOP count. The GPU and TPU tests need the
-compile extra (`pip install ".[compile]"`; .ci/run installs it) and are skipped without it."""
+compile extra (`pip install ".[compile]"`) and are skipped without it; .ci/run installs it and runs
+this file as its last step."""
 import importlib.util
 import json
 import re
@@ -126,7 +127,6 @@ def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path
   assert train8["fits"] and train3["fits"]
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not (_have("libtpu") and _have("jax_cuda12_plugin") and _have("nvidia.cudnn")),
                     reason="the compile extra is not installed")
 @pytest.mark.parametrize("topology,dtype", [("v5e-1", "float32"), ("h100", "bfloat16")])

@@ -86,7 +86,8 @@ def test_the_readme_is_a_landing_page():
 SCRIPT_BLOCK = re.compile(r"<!-- generated: (python experiments/\S+\.py --markdown \S+) -->\n(.*?)<!-- end -->", re.S)
 
 
-@pytest.mark.parametrize("path", ["README.md", "docs/results/speed.md", "docs/results/boolean.md"])
+@pytest.mark.parametrize("path", ["README.md", "docs/results/speed.md", "docs/results/boolean.md",
+                                  "docs/results/accelerator_compile.md"])
 def test_speed_tables_equal_what_their_script_prints(path):
   """Speed tables (loop efficiency, run scaling) are the `--markdown` output of the script named
   above them, from the committed JSON lines."""

@@ -145,6 +145,10 @@ def target_devices(name: str) -> tuple:
     except Exception as e:   # the plugin's own refusal, in one line
       raise UsageError(f"the CUDA compiler could not describe {name}: {_first_line(e)}") from None
   else:
+    # Compile-only: no TPU is opened, so several compiling processes may load libtpu at once (it
+    # otherwise holds a machine-wide lock file).
+    import os
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if _missing("libtpu"):
       raise UsageError(f"compiling for {name} needs the TPU compiler (libtpu not installed): "
                        "pip install 'maskprior-jax[compile]'")
