@@ -89,4 +89,4 @@ def test_benchmark_configs_accept_blockwise():
   from maskprior_jax.bench import config
   cfg = config.apply_overrides(config.builtin_config("boolean"), ["--config.model.attention=blockwise"])
   config.check(cfg)
-  assert config.attention_record(cfg) == {"requested": "blockwise", "training_path": "blockwise"}
+  assert config.attention_record(cfg) == {"requested": "blockwise", "dtype": "float32", "training_path": "blockwise"}

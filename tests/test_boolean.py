@@ -371,3 +371,36 @@ def test_the_evaluation_in_chunks_gives_the_one_call_values():
   np.testing.assert_array_equal(pair["s"], np.arange(7.0) + 1)
   np.testing.assert_array_equal(pair["d"], np.arange(7.0) - 1)
   assert measure.apply_in_chunks(lambda a: a * 2, jnp.arange(3.0), size=0).tolist() == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.slow
+def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp_path):
+  """`--config.model.dtype=bfloat16`: the Boolean default computes in bfloat16 (matrix products in
+  bfloat16) with float32 parameters, mask prior and outputs, fits its seen domain as the float32
+  default does (seen MSE under the fit threshold, 1% of f's variance there, for vanilla and mask), and
+  results.json records the dtype."""
+  import json
+  import subprocess
+  import sys
+
+  import jax
+  import jax.numpy as jnp
+
+  from maskprior_jax.bench.boolean import run as BR
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  cfg = apply_overrides(builtin_config("boolean"), ["--config.model.dtype=bfloat16"])
+  bench = BR.BooleanTask(BR.headline_tasks(cfg)["f2_2parity"], cfg)
+  model = bench.model("mask")
+  v = model.init(jax.random.key(0), bench.sample_input)
+  assert {a.dtype for a in jax.tree.leaves(v)} == {jnp.dtype(jnp.float32)}
+  jaxpr = str(jax.make_jaxpr(lambda v: model.apply(v, bench.sample_input))(v))
+  assert "bf16[" in jaxpr and model.apply(v, bench.sample_input).dtype == jnp.float32
+  out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", "boolean", "--task", "f2", "--methods",
+                        "vanilla,mask", "--seeds", "1", "--workdir", str(tmp_path / "run"),
+                        "--config.model.dtype=bfloat16"], capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  res = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert res["attention"]["dtype"] == "bfloat16"
+  threshold = res["fit_threshold_seen_mse"]
+  assert [(r["method"], r["fitted"]) for r in res["runs"]] == [("vanilla", True), ("mask", True)]
+  assert all(r["seen_mse"] <= threshold for r in res["runs"])

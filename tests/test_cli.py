@@ -66,7 +66,7 @@ def test_end_to_end_writes_results_table_and_plots(finished_run):
   assert "| mask |" in (finished_run / "table.md").read_text()
   assert all(len(r["state_sha256"]) == 64 for r in res["runs"])
   assert {"jax", "flax", "maskprior_jax", "devices", "processes"} <= set(res["environment"])
-  assert res["attention"] == {"requested": "auto", "training_path": "xla"}   # no cuDNN on a CPU
+  assert res["attention"] == {"requested": "auto", "dtype": "float32", "training_path": "xla"}   # no cuDNN on a CPU
   for m in ("vanilla", "mimetic", "qk", "mask"):
     assert any((finished_run / "tensorboard" / m).glob("seeds_0_1/events.out.tfevents.*"))
   rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]

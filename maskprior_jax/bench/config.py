@@ -233,8 +233,10 @@ def attention_record(cfg) -> dict:
 
   from maskprior_jax.attention import attention_implementation
   dtype = cfg.model.get("dtype", "float32")
-  return {"requested": requested, "dtype": dtype,
-          "training_path": attention_implementation(requested, jnp.dtype(dtype), 1)}
+  path = attention_implementation(requested, jnp.dtype(dtype), 1)
+  if path == "cudnn" and requested == "auto":   # decided per call by its sizes (attention.cudnn_unsupported)
+    path = "cudnn where its sizes allow, else xla"
+  return {"requested": requested, "dtype": dtype, "training_path": path}
 
 
 def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positive=()) -> None:
