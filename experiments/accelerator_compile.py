@@ -118,11 +118,15 @@ def markdown(rows) -> str:
   targets = [t for t in TARGETS if t != "cpu" and any(k[0] == t for k in groups)]
   targets += ["cpu"] if any(k[0] == "cpu" for k in groups) else []
   lines = ["| target | dtype | command | programs | runs per program | GFLOP per run-step | largest memory per device, MiB "
-           "(device: GiB) | fit | collectives | attention | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "(device: GiB) | fit | collectives per program | attention | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for (target, dtype, name), rs in sorted(groups.items(), key=lambda kv: (targets.index(kv[0][0]), kv[0][1], kv[0][2])):
     trains = [r for r in rs if r["program"] == "train"]
     per_run = sorted({f"{r['flops'] / r['runs'] / 1e9:,.2f}" for r in trains}, key=lambda x: float(x.replace(",", "")))
-    coll = sorted({f"{k} x{v}" for r in rs for k, v in r["collectives"].items()})
+    per_op = {}
+    for r in rs:
+      for k, v in r["collectives"].items():
+        per_op.setdefault(k, set()).add(v)
+    coll = [f"{k} x{min(v)}" + (f"-{max(v)}" if max(v) > min(v) else "") for k, v in sorted(per_op.items())]
     runs = sorted({r["runs"] for r in trains})
     lines.append(f"| {target} | {dtype} | {name} | {len(rs)} | {', '.join(map(str, runs))} | {' / '.join(per_run)} | "
                  f"{_mib(max(r['memory_per_device'] for r in rs))} ({_gib(rs[0]['device_memory'])}) | "

@@ -317,7 +317,10 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   model, settings = bench.model(methods[0]), bench.settings_for(methods[0])
   tx = settings.optimizer()
   one = jax.eval_shape(lambda k: train.create_state(model.init(k, bench.sample_input), tx, k), jax.random.key(0))
-  placement = settings.placement(n, train.num_params(one.variables))
+  try:   # a placement the target's devices cannot take, in the run's own words
+    placement = settings.placement(n, train.num_params(one.variables))
+  except ValueError as e:
+    raise UsageError(f"{tgt.name}: {e}") from None
   mesh, k = placement.mesh, placement.run_block
   devices = sharding.devices()
   first = SingleDeviceSharding(devices[0] if mesh is None else mesh.devices.flat[0])
