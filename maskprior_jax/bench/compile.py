@@ -146,9 +146,12 @@ def target_devices(name: str) -> tuple:
       raise UsageError(f"the CUDA compiler could not describe {name}: {_first_line(e)}") from None
   else:
     # Compile-only: no TPU is opened, so several compiling processes may load libtpu at once (it
-    # otherwise holds a machine-wide lock file).
+    # otherwise holds a machine-wide lock file), and nothing asks a cloud metadata server which TPU
+    # this host is (off a TPU VM, JAX and libtpu would print a paragraph of warnings about it).
     import os
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    for name, value in (("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"), ("TPU_SKIP_MDS_QUERY", "1"),
+                        ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_ACCELERATOR_TYPE", "v5litepod-4")):
+      os.environ.setdefault(name, value)
     if _missing("libtpu"):
       raise UsageError(f"compiling for {name} needs the TPU compiler (libtpu not installed): "
                        "pip install 'maskprior-jax[compile]'")
