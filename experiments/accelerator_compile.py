@@ -13,6 +13,7 @@ bfloat16, for each target. A command already in the file is not run again.
 """
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def run_matrix(targets, dtypes, out: pathlib.Path):
         if command in done_commands(out):
           continue
         t0 = time.perf_counter()
-        tmp = out.with_suffix(".part")
+        tmp = out.with_suffix(f".{os.getpid()}.part")   # this process's own: several may fill one file
         tmp.unlink(missing_ok=True)
         proc = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", "compile", *args, "--json", str(tmp)],
                               capture_output=True, text=True)
