@@ -155,3 +155,13 @@ def test_projection_adds_every_programs_calls():
   # 1,000 steps: 500 train calls (2e15) and 11 evaluations (1.1e13), at half of 1e15 FLOP/s
   assert compile_lib.projection(rows, 1000, 0.5, 1e15) == pytest.approx((2e15 + 1.1e13) / 5e14)
 
+
+
+@pytest.mark.skipif(_have("jax_cuda12_plugin") and _have("nvidia.cudnn"), reason="the compile extra is installed")
+def test_without_the_compile_extra_a_gpu_target_names_the_extra_in_one_line():
+  out = _compile_cli("boolean", "--task", "f2", "--topology", "h100")
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1] == (
+      "maskprior: error: compiling for h100 needs the CUDA compiler and cuDNN (" + ", ".join(
+          m for m in ("jax_cuda12_plugin", "nvidia.cudnn") if not _have(m)) + " not installed): "
+      "pip install 'maskprior-jax[compile]'")
