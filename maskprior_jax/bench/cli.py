@@ -14,9 +14,9 @@ import os
 import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
-from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides, builtin_config, load_config_file
+from maskprior_jax.bench import config as config_lib, console, workdir as workdir_lib
+from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
-from maskprior_jax.bench import console, workdir as workdir_lib
 from maskprior_jax.bench.workdir import WorkdirBusy, reason
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
@@ -25,44 +25,20 @@ def _command(name: str):
   return importlib.import_module(f"maskprior_jax.bench.{name}.run").COMMAND
 
 
-def _config(given: str | None, benchmark: str):
-  """--config: a file with get_config(), or a built-in config's name (e.g. boolean_paper); none: the
-  benchmark's built-in default."""
-  if not given:
-    return builtin_config(benchmark)
-  if not os.path.exists(given) and os.sep not in given and not given.endswith(".py"):
-    try:
-      return builtin_config(given)
-    except ConfigError:
-      raise ConfigError(f"config file {given} does not exist, nor is there a built-in config of that name") from None
-  return load_config_file(given)
-
-
 def cmd_benchmark(args) -> int:
   """Any benchmark: config, methods and seeds, the benchmark's own checks, the run folder, the run."""
   command = _command(args.command)
-  cfg = apply_overrides(_config(args.config, args.command), args.overrides)
+  cfg = apply_overrides(config_lib.resolve(args.config, args.command), args.overrides)
   import jax
   if jax.process_count() > 1 and cfg.train.parallel == "off" and not cfg.train.data_parallel:
     raise UsageError(f"train.parallel=off trains on one device, but this is one of {jax.process_count()} processes: "
                      "use --config.train.parallel=auto, runs or data")
-  methods = parse_list(args.methods, command.methods, "method")
-  seeds = parse_seeds(args.seeds)
+  methods, seeds = parse_list(args.methods, command.methods, "method"), parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)
   with open_workdir(workdir_lib.path(args.workdir), record, args.fresh, " ".join(["maskprior", *args.argv])) as workdir:
     print(command.run(cfg, context, methods, seeds, workdir))
   print(f"results in {workdir}")
   return 0
-
-
-def cmd_compile(args) -> int:
-  """`maskprior compile BENCHMARK ...`: the programs `maskprior BENCHMARK` with the same arguments would
-  run on --topology, compiled here (`bench.compile`)."""
-  from maskprior_jax.bench import compile as compile_lib
-  command = _command(args.benchmark)
-  cfg = apply_overrides(_config(args.config, args.benchmark), args.overrides)
-  methods = parse_list(args.methods, command.methods, "method")
-  return compile_lib.cmd_compile(args, command, cfg, methods, parse_seeds(args.seeds))
 
 
 def cmd_report(args) -> int:
@@ -121,11 +97,9 @@ CONFIG_HELP = """config overrides:
 def _benchmark_flags(p, name: str, command) -> None:
   """The flags a benchmark's command and its `maskprior compile` share."""
   command.add_arguments(p)
-  methods = ", ".join(command.methods)
   p.add_argument("--methods", default=",".join(command.default_methods or command.methods),
-                 help=f"comma-separated, from {methods} (default: %(default)s)")
-  p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a "
-                 "list A,B,C (default: %(default)s)")
+                 help=f"comma-separated, from {', '.join(command.methods)} (default: %(default)s)")
+  p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C (default: %(default)s)")
   p.add_argument("--config", help="config file with get_config(), or a built-in config's name (default: the "
                  "built-in config of this benchmark)")
 
@@ -151,23 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num_processes", type=int, help="number of processes (or $MASKPRIOR_NUM_PROCESSES)")
     g.add_argument("--process_id", type=int, help="this process's index, 0..N-1 (or $MASKPRIOR_PROCESS_ID)")
     p.set_defaults(fn=cmd_benchmark)
-  from maskprior_jax.bench.compile import TARGETS
-  c = sub.add_parser("compile", help="compile a benchmark's programs for a TPU slice, a GPU or this CPU, without "
-                     "the device", description="Traces and compiles the training and evaluation programs that "
-                     "`maskprior BENCHMARK` with the same flags would run on --topology, here, and prints one line "
-                     "per program (runs, devices, FLOPs per step, memory per device, collectives, compile time). "
-                     "TPU and GPU targets need the compile extra: pip install 'maskprior-jax[compile]'.")
-  csub = c.add_subparsers(dest="benchmark", required=True)
-  for name in BENCHMARKS:
-    command = _command(name)
-    p = csub.add_parser(name, help=f"compile {name}'s programs", epilog=CONFIG_HELP,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    _benchmark_flags(p, name, command)
-    p.add_argument("--topology", default="cpu", choices=list(TARGETS), metavar="TOPOLOGY",
-                   help=f"what to compile for: {', '.join(f'{k} ({t.description})' for k, t in TARGETS.items())} "
-                   "(default: %(default)s)")
-    p.add_argument("--json", help="append one JSON line per program to this file (default: print only)")
-    p.set_defaults(fn=cmd_compile)
+  from maskprior_jax.bench import compile as compile_lib   # `maskprior compile BENCHMARK`, there
+  compile_lib.add_parser(sub, BENCHMARKS, _command, _benchmark_flags, CONFIG_HELP,
+                         lambda a: apply_overrides(config_lib.resolve(a.config, a.benchmark), a.overrides))
   r = sub.add_parser("report", help="tables and plots from run folders")
   r.add_argument("dirs", nargs="+", help="run folders (or folders of run folders)")
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
@@ -195,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
   args.overrides, args.argv = [a for a in argv if a.startswith("--config.")], argv
-  if args.command == "compile":   # compile-only: this process's CPU, whatever accelerator it has
-    import jax
-    jax.config.update("jax_platforms", "cpu")
-  elif args.command != "report":
+  if args.command not in ("report", "compile"):
     try:
       _start_processes(args)
     except (ValueError, RuntimeError) as e:

@@ -434,9 +434,33 @@ def record(row: Program, tgt: Target, config: str, argv: Sequence[str]) -> dict:
           "compile_seconds": round(row.compile_seconds, 2), "command": " ".join(["maskprior", "compile", *argv])}
 
 
-def cmd_compile(args, command, cfg, methods, seeds) -> int:
+def add_parser(sub, benchmarks, command_of, benchmark_flags, epilog: str, config_of) -> None:
+  """The `maskprior compile BENCHMARK` subcommands (`bench.cli`): each benchmark's own flags
+  (`benchmark_flags`), --topology and --json; `config_of(args)` is the command's config."""
+  import argparse
+  c = sub.add_parser("compile", help="compile a benchmark's programs for a TPU slice, a GPU or this CPU, without "
+                     "the device", description="Traces and compiles the training and evaluation programs that "
+                     "`maskprior BENCHMARK` with the same flags would run on --topology, here, and prints one line "
+                     "per program (runs, devices, FLOPs per step, memory per device, collectives, compile time). "
+                     "TPU and GPU targets need the compile extra: pip install 'maskprior-jax[compile]'.")
+  csub = c.add_subparsers(dest="benchmark", required=True)
+  for name in benchmarks:
+    p = csub.add_parser(name, help=f"compile {name}'s programs", epilog=epilog,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchmark_flags(p, name, command_of(name))
+    p.add_argument("--topology", default="cpu", choices=list(TARGETS), metavar="TOPOLOGY",
+                   help=f"what to compile for: {', '.join(f'{k} ({t.description})' for k, t in TARGETS.items())} "
+                   "(default: %(default)s)")
+    p.add_argument("--json", help="append one JSON line per program to this file (default: print only)")
+    p.set_defaults(fn=lambda args: cmd_compile(args, command_of(args.benchmark), config_of(args)))
+
+
+def cmd_compile(args, command, cfg) -> int:
   """`maskprior compile BENCHMARK ...`: every program printed (and with --json, appended as JSON
   lines); exit status 1 where a program does not fit its device's memory."""
+  from maskprior_jax.bench.args import parse_list, parse_seeds
+  jax.config.update("jax_platforms", "cpu")   # compile-only: this process's CPU, whatever device it has
+  methods, seeds = parse_list(args.methods, command.methods, "method"), parse_seeds(args.seeds)
   tgt = target(args.topology)
   print(f"compiling for {tgt.name}: {tgt.description}", file=sys.stderr)
   with for_target(tgt.name):
@@ -470,4 +494,5 @@ def projection(rows: Sequence[dict], steps: int, mfu: float, peak: float) -> flo
 
 
 __all__ = ["TARGETS", "Target", "CompileError", "Program", "count_flops", "target", "target_devices", "for_target",
-           "group_programs", "benchmark_programs", "command_programs", "cmd_compile", "record", "projection"]
+           "group_programs", "benchmark_programs", "command_programs", "add_parser", "cmd_compile", "record",
+           "projection"]

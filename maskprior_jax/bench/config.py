@@ -10,6 +10,7 @@ import ast
 import copy
 import hashlib
 import importlib.util
+import os
 import json
 import pathlib
 
@@ -44,6 +45,19 @@ def builtin_config(name: str) -> ml_collections.ConfigDict:
   if not path.is_file():
     raise ConfigError(f"no built-in config {name!r}")
   return load_config_file(path)
+
+
+def resolve(given: str | None, benchmark: str) -> ml_collections.ConfigDict:
+  """--config: a file with get_config(), or a built-in config's name (e.g. boolean_paper); none: the
+  benchmark's built-in default."""
+  if not given:
+    return builtin_config(benchmark)
+  if not os.path.exists(given) and os.sep not in given and not given.endswith(".py"):
+    try:
+      return builtin_config(given)
+    except ConfigError:
+      raise ConfigError(f"config file {given} does not exist, nor is there a built-in config of that name") from None
+  return load_config_file(given)
 
 
 def _parse_value(text: str, old, key: str):
