@@ -200,15 +200,17 @@ def _sub_jaxprs(eqn):
         yield item
 
 
-def count_flops(jaxpr) -> float:
+def count_flops(jaxpr, primitives: set | None = None) -> float:
   """Floating-point operations of a traced program's matrix products (dot_general, and cuDNN's fused
   attention by its formula), over the whole program: a scan's body counted `length` times, a cond's
   costliest branch, a shard_map's body once per device. Elementwise work is not counted (the
-  convention of MFU figures)."""
+  convention of MFU figures). `primitives`, if given, collects the names of every primitive met."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
+    if primitives is not None:
+      primitives.add(name)
     if name == "dot_general":
       total += _dot_flops(eqn)
     elif name.startswith("dot_product_attention_fwd"):
@@ -216,15 +218,15 @@ def count_flops(jaxpr) -> float:
     elif name.startswith("dot_product_attention_bwd"):
       total += _attention_flops(eqn, backward=True)
     elif name == "scan":
-      total += eqn.params["length"] * count_flops(eqn.params["jaxpr"])
+      total += eqn.params["length"] * count_flops(eqn.params["jaxpr"], primitives)
     elif name == "cond":
-      total += max(count_flops(b) for b in eqn.params["branches"])
+      total += max(count_flops(b, primitives) for b in eqn.params["branches"])
     elif name == "custom_vmap_call":   # the folded cuDNN call: its jaxpr is the unmapped call
-      total += count_flops(eqn.params["call"])
+      total += count_flops(eqn.params["call"], primitives)
     elif name == "shard_map":
-      total += math.prod(eqn.params["mesh"].shape.values()) * count_flops(eqn.params["jaxpr"])
+      total += math.prod(eqn.params["mesh"].shape.values()) * count_flops(eqn.params["jaxpr"], primitives)
     else:
-      total += sum(count_flops(j) for j in _sub_jaxprs(eqn))
+      total += sum(count_flops(j, primitives) for j in _sub_jaxprs(eqn))
   return total
 
 
@@ -291,8 +293,9 @@ def _compile(fn, args, what: str, lowering: str):
   t0 = time.perf_counter()
   try:
     traced = fn.trace(*args)
-    flops = count_flops(traced.jaxpr)
-    fused = "dot_product_attention_fwd" in str(traced.jaxpr)
+    met: set[str] = set()   # the walk that counts also says whether cuDNN's kernel is in the step
+    flops = count_flops(traced.jaxpr, met)
+    fused = any(name.startswith("dot_product_attention_fwd") for name in met)
     compiled = traced.lower(lowering_platforms=(lowering,)).compile()
   except UsageError:
     raise
