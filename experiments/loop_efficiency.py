@@ -29,7 +29,7 @@ import time
 import jax
 import numpy as np
 
-from maskprior_jax import sharding, train
+from maskprior_jax import train
 from maskprior_jax.bench import config as C
 from maskprior_jax.bench import runner
 
@@ -88,37 +88,25 @@ def step_rate(bench, num_runs, calls, repeats=3, run_block=None):
   `run_block` in place of the config's)."""
   settings = bench.settings if run_block is None else dataclasses.replace(bench.settings, run_block=run_block)
   runs = bench.runs(list(range(num_runs)))
-  model = bench.model("mask")
+  method = dataclasses.replace(bench.method("mask"), settings=settings)
   tx = settings.optimizer()
-  inits = [runner.initial_variables("mask", model, bench, r.seed)[0] for r in runs]
+  inits = [runner.initial_variables(method, method.model, bench, r.seed)[0] for r in runs]
   placement = settings.placement(len(runs), train.num_params(inits[0]))
   state = train.stack_trees([train.create_state(v, tx, jax.random.key(r.key)) for v, r in zip(inits, runs)])
-  if placement.mode == "runs":
-    state = jax.device_put(state, sharding.run_sharding(placement.mesh))
+  batches = train.DeviceBatches(bench.device_batches(runs))
+  # the loop's own stepper: its placement, its run blocks (each call dispatched without waiting)
+  stepper = train.stepper(bench.loss_fn(method.model), tx, state, [r.key for r in runs], batches, settings, placement)
   k = placement.run_block
-  if k:   # the loop's program: one k-run step per block of runs, each call dispatched without waiting
-    blocks = train.RunBlocks(placement, k, len(runs), 0)
-    block_step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), k,
-                                                  steps_per_call=settings.steps_per_call, donate=False,
-                                                  runs_argument=True)
-    parts = blocks.split(state)
-
-    def step(parts, first):
-      out = [block_step(part, first, r) for part, r in zip(parts, blocks.runs)]
-      return [o[0] for o in out], [o[1] for o in out]
-    state = parts
-  else:
-    step = train.make_generating_train_step(bench.loss_fn(model), tx, bench.device_batches(runs), len(runs),
-                                            steps_per_call=settings.steps_per_call, mesh=placement.mesh)
-  state, m = step(state, np.int32(0))   # compile
-  jax.block_until_ready(state)
+  stepper.step(0)   # compile
+  stepper.ready()
   rates, done = [], 1
   for _ in range(repeats):   # the median of several timings: a shared CPU's speed drifts
     t0 = time.perf_counter()
     for _ in range(calls):
-      state, m = step(state, np.int32(done * settings.steps_per_call))
+      m = stepper.step(done * settings.steps_per_call)
       done += 1
-    jax.block_until_ready((state, m))
+    stepper.ready()
+    jax.block_until_ready(m)
     rates.append(calls * settings.steps_per_call / (time.perf_counter() - t0))
   return {"step_steps_per_s": float(np.median(rates)), "step_steps_per_s_each": rates, "placement": placement.mode,
           "devices": placement.devices, "run_block": k}

@@ -4,7 +4,7 @@ The mask's path through the library, one file each:
   priors.py     structure -> initializer (which positions interact, never target values)
   attention.py  MaskPriorAttention keeps the bias in its own collection, "mask_prior"
   optim.py      mask_prior_optimizer gives that collection its own rule (or freezes it)
-  train.py      the compiled step and the training loop
+  train/        the compiled step, the placements and the training loop
 The benchmarks live beside the library in `maskprior_jax.bench` (extra "bench").
 """
 from maskprior_jax import priors

@@ -12,8 +12,6 @@ interchangeable (see the class docstring for what is not supported).
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 from typing import Any, Callable, Literal
@@ -22,6 +20,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from maskprior_jax.dot_product import (IMPLEMENTATIONS, PLATFORMS, _attention_weights, _fused_attention,
+                                       attention_implementation, cudnn_unsupported, dot_product_attention,
+                                       for_platform, heads_folded_attention, target_platform, with_prior_bias)
 
 __all__ = ["MaskPriorAttention", "MaskSettings", "MaskLayout", "MASK_PRIOR", "ATTENTION_WEIGHTS", "MASK_KINDS",
            "MASK_LAYOUTS", "IMPLEMENTATIONS", "mask_shape", "expand_mask", "dense_mask_bias", "relative_1d_index",
@@ -166,25 +168,6 @@ def dense_mask_bias(module: nn.Module, settings: "MaskSettings", name: str, num_
                      num_prefix=num_prefix)
 
 
-def _softmax_dtype(dtype):
-  """float32 for bf16/f16/f32 inputs, float64 for float64 ones (softmax never below float32)."""
-  return jnp.promote_types(jnp.float32, dtype)
-
-
-def _attention_weights(query, key, bias, mask, precision=None):
-  """softmax(q.k/sqrt(d) + bias) with hard mask; (batch, heads, q, kv) in float32 (float64 for
-  float64 inputs)."""
-  depth = query.shape[-1]
-  dt = _softmax_dtype(query.dtype)
-  logits = jnp.einsum("...qhd,...khd->...hqk", query, key, precision=precision).astype(dt)
-  logits = logits / jnp.sqrt(depth).astype(dt)
-  if bias is not None:
-    logits = logits + bias.astype(dt)
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(dt).min)
-  return jax.nn.softmax(logits, axis=-1)
-
-
 class MaskPriorAttention(nn.Module):
   """Multi-head dot-product attention with a learnable additive mask prior.
 
@@ -274,16 +257,35 @@ class MaskPriorAttention(nn.Module):
     deterministic: no attention dropout (defaults to the attribute; needed when dropout_rate > 0).
     sow_weights: store the attention weights in "intermediates" under ATTENTION_WEIGHTS.
     """
-    if inputs_kv is not None:
-      if inputs_k is not None or inputs_v is not None:
-        raise ValueError("give inputs_kv, or inputs_k/inputs_v, not both")
-      inputs_k = inputs_v = inputs_kv
-    if inputs_k is None:
-      inputs_k = inputs_q
-    if inputs_v is None:
-      inputs_v = inputs_k
+    inputs_k, inputs_v = _kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     _layout(self.mask_kind)
     features = self.out_features or inputs_q.shape[-1]
+    query, key, value = self._project(inputs_q, inputs_k, inputs_v)
+    row = None
+    if self.decode:
+      key, value, mask, row = self._decode_cache(key, value, mask)
+    key, value = _grouped(key, value, self.num_heads)
+    total_bias = self._with_prior(bias, query.shape[-3], key.shape[-3], row)
+    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic) \
+        if self.dropout_rate > 0.0 else True
+    if self.attention_fn is not None:
+      rng = None if deterministic else (dropout_rng if dropout_rng is not None else self.make_rng("dropout"))
+      out = self.attention_fn(query, key, value, bias=total_bias, mask=mask, dropout_rng=rng,
+                              dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
+                              deterministic=deterministic, dtype=self.dtype, precision=self.precision, module=None)
+      return self._out(out, features)
+    sow = self.sow_weights or sow_weights or self.is_mutable_collection("intermediates")
+    # Explicit path where the weights are needed (dropout, persistence measurements), and for
+    # float64, which XLA's fused path would round to float32 inside its softmax (the blockwise path
+    # keeps float64).
+    if not deterministic or sow or (query.dtype == jnp.float64 and self.implementation != "blockwise"):
+      out = self._explicit(query, key, value, total_bias, mask, sow, deterministic, dropout_rng)
+    else:
+      out = _fused_attention(query, key, value, total_bias, mask, self.implementation)
+    return self._out(out, features)
+
+  def _project(self, inputs_q, inputs_k, inputs_v):
+    """Queries (..., q_len, heads, head_dim), keys and values (..., kv_len, kv_heads, head_dim)."""
     qkv_features = self.qkv_features or inputs_q.shape[-1]
     if qkv_features % self.num_heads:
       raise ValueError(f"qkv_features={qkv_features} is not divisible by num_heads={self.num_heads}")
@@ -301,55 +303,47 @@ class MaskPriorAttention(nn.Module):
     if self.normalize_qk:
       ln = functools.partial(nn.LayerNorm, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype)
       query, key = ln(name="query_ln")(query), ln(name="key_ln")(key)
-    row = None
-    if self.decode:
-      initialized = self.has_variable("cache", "cached_key")
-      cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-      if initialized:   # the first call (init) only creates the cache, as Flax's
-        row = index.value
-        key, value, mask = decode_step(cached_key.value, cached_value.value, row, key, value, mask)
-        cached_key.value, cached_value.value, index.value = key, value, row + 1
-    key, value = _grouped(key, value, self.num_heads)
-    q_len, kv_len = query.shape[-3], key.shape[-3]
+    return query, key, value
 
-    total_bias = bias
-    if self.mask_init is not None:
-      settings = MaskSettings(self.mask_init, self.mask_kind, self.max_len, self.grid)
-      rows = kv_len if row is not None else q_len
-      prior = dense_mask_bias(self, settings, "bias", self.num_heads, rows, kv_len, num_prefix=self.num_prefix,
-                              dtype=self.param_dtype)
-      if row is not None:   # the decoded token's own row of the bias
-        prior = jax.lax.dynamic_slice_in_dim(prior, row, 1, axis=-2)
-      total_bias = prior if total_bias is None else total_bias + prior
+  def _decode_cache(self, key, value, mask):
+    """Autoregressive decoding: this token's key and value written into the "cache" collection;
+    returns the cached keys, values, their mask and the token's row (None at init, which only
+    creates the cache, as Flax's)."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return key, value, mask, None
+    row = index.value
+    key, value, mask = decode_step(cached_key.value, cached_value.value, row, key, value, mask)
+    cached_key.value, cached_value.value, index.value = key, value, row + 1
+    return key, value, mask, row
 
-    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic) \
-        if self.dropout_rate > 0.0 else True
-    compute_dtype = self.dtype or query.dtype
-    sow = self.sow_weights or sow_weights or self.is_mutable_collection("intermediates")
-    if self.attention_fn is not None:
-      rng = None if deterministic else (dropout_rng if dropout_rng is not None else self.make_rng("dropout"))
-      out = self.attention_fn(query, key, value, bias=total_bias, mask=mask, dropout_rng=rng,
-                              dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
-                              deterministic=deterministic, dtype=self.dtype, precision=self.precision, module=None)
-      return self._out(out, features)
-    # Explicit path where the weights are needed (dropout, persistence measurements), and for
-    # float64, which XLA's fused path would round to float32 inside its softmax (the blockwise path
-    # keeps float64).
-    if not deterministic or sow or (query.dtype == jnp.float64 and self.implementation != "blockwise"):
-      weights = _attention_weights(query, key, total_bias, mask, self.precision)
-      if sow:
-        self.sow("intermediates", ATTENTION_WEIGHTS, weights)
-      if not deterministic:
-        rng = dropout_rng if dropout_rng is not None else self.make_rng("dropout")
-        keep_shape = dropout_shape(weights.shape, self.broadcast_dropout)
-        keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, keep_shape)
-        weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
-      out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(compute_dtype), value, precision=self.precision)
-    else:
-      out = _fused_attention(query, key, value, total_bias, mask, self.implementation)
-    return self._out(out, features)
+  def _with_prior(self, bias, q_len: int, kv_len: int, row):
+    """The call's `bias` plus this layer's mask prior (its decoded row when decoding), or `bias` alone."""
+    if self.mask_init is None:
+      return bias
+    settings = MaskSettings(self.mask_init, self.mask_kind, self.max_len, self.grid)
+    rows = kv_len if row is not None else q_len
+    prior = dense_mask_bias(self, settings, "bias", self.num_heads, rows, kv_len, num_prefix=self.num_prefix,
+                            dtype=self.param_dtype)
+    if row is not None:   # the decoded token's own row of the bias
+      prior = jax.lax.dynamic_slice_in_dim(prior, row, 1, axis=-2)
+    return prior if bias is None else bias + prior
+
+  def _explicit(self, query, key, value, bias, mask, sow: bool, deterministic: bool, dropout_rng):
+    """Attention with its weights materialised: sown into "intermediates" where asked, dropped out
+    unless `deterministic` (with `dropout_rng`, or a key from the "dropout" stream)."""
+    weights = _attention_weights(query, key, bias, mask, self.precision)
+    if sow:
+      self.sow("intermediates", ATTENTION_WEIGHTS, weights)
+    if not deterministic:
+      rng = dropout_rng if dropout_rng is not None else self.make_rng("dropout")
+      keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, dropout_shape(weights.shape, self.broadcast_dropout))
+      weights = jnp.where(keep, weights / (1.0 - self.dropout_rate), 0.0)
+    return jnp.einsum("...hqk,...khd->...qhd", weights.astype(self.dtype or query.dtype), value,
+                      precision=self.precision)
 
   def _out(self, out, features):
     return nn.DenseGeneral(features=features, axis=(-2, -1),
@@ -359,7 +353,17 @@ class MaskPriorAttention(nn.Module):
                            name="out")(out)
 
 
-IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
+def _kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
+  """Keys' and values' inputs: inputs_k defaults to inputs_q and inputs_v to inputs_k; `inputs_kv`
+  (Flax's older keyword) sets both."""
+  if inputs_kv is not None:
+    if inputs_k is not None or inputs_v is not None:
+      raise ValueError("give inputs_kv, or inputs_k/inputs_v, not both")
+    return inputs_kv, inputs_kv
+  inputs_k = inputs_q if inputs_k is None else inputs_k
+  return inputs_k, inputs_k if inputs_v is None else inputs_v
+
+
 
 
 def dropout_shape(weights_shape: tuple[int, ...], broadcast: bool) -> tuple[int, ...]:
@@ -400,226 +404,6 @@ def _grouped(key, value, num_heads: int):
   return jnp.repeat(key, groups, axis=-2), jnp.repeat(value, groups, axis=-2)
 
 
-# The platform "auto" resolves for while a program is traced: None means the process's backend
-# (`jax.default_backend()`); `for_platform` sets it, so that a program can be built on a CPU for
-# what a GPU or TPU would run (`maskprior compile`).
-_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("maskprior_attention_platform",
-                                                                             default=None)
-PLATFORMS = ("cpu", "gpu", "tpu")
-
-
-@contextlib.contextmanager
-def for_platform(platform: str | None):
-  """Within this block, "auto" attention resolves for `platform` ("cpu", "gpu" or "tpu"; None: the
-  process's backend) instead of `jax.default_backend()`. Resolution happens while a program is
-  traced, so trace (`jit(...).trace`, `.lower`) inside the block::
-
-    with mp.attention.for_platform("gpu"):
-      lowered = step.trace(state, batch).lower(lowering_platforms=("cuda",))
-  """
-  if platform not in (None, *PLATFORMS):
-    raise ValueError(f"platform must be None or one of {', '.join(PLATFORMS)}, not {platform!r}")
-  token = _TARGET_PLATFORM.set(platform)
-  try:
-    yield
-  finally:
-    _TARGET_PLATFORM.reset(token)
-
-
-def target_platform() -> str:
-  """The platform "auto" attention resolves for now: `for_platform`'s, else the process's backend."""
-  if _TARGET_PLATFORM.get():
-    return _TARGET_PLATFORM.get()
-  from maskprior_jax import sharding   # devices set for a target (`sharding.for_devices`)
-  return sharding.platform()
-
-
-def cudnn_unsupported(q_len: int, kv_len: int, head_dim: int) -> str | None:
-  """Why cuDNN's fused attention (as this JAX calls it, bfloat16/float16) refuses a training call of
-  these sizes, or None: the head dimension must be a multiple of 8 and at most 128 (256 from Hopper on;
-  the lower bound is used, as a program built ahead of time cannot ask the device), and both sequence
-  lengths must be even (JAX checks it for every differentiated call, with a bias or without)."""
-  if head_dim % 8 or head_dim > 128:
-    return f"cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 128, not {head_dim}"
-  if q_len % 2 or kv_len % 2:
-    return (f"cuDNN's fused attention (trained) needs even sequence lengths, not {q_len} x {kv_len} "
-            "(e.g. a CLS token before an even number of tokens)")
-  return None
-
-
-def attention_implementation(requested: str | None, dtype, bias_batch: int | None,
-                             backend: str | None = None, *, shape: tuple[int, int, int] | None = None) -> str:
-  """The attention path a call will use: "xla", "cudnn" or "blockwise".
-
-  "auto" picks cuDNN only on a GPU (`backend`, else `target_platform()`: the platform set by
-  `for_platform`, or the process's backend), for bfloat16/float16 inputs, and where the bias (if any)
-  has a batch dimension of 1 (one bias for the whole batch, as a mask prior; a float32 bias has been
-  reported to give NaNs); everything else runs XLA. Several runs stacked under `jax.vmap` (one
-  prior per run) keep the fused kernel: the run axis is folded into the heads (see
-  `dot_product_attention`). With `shape` = (q_len, kv_len, head_dim), "auto" also keeps to the sizes
-  cuDNN supports (`cudnn_unsupported`: e.g. an odd sequence length runs XLA). None means
-  "xla" (this JAX version's choice). "blockwise"
-  (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length per block, and
-  returns the bias gradient at the bias's own size.
-  """
-  if requested in (None, "xla"):
-    return "xla"
-  if requested in ("cudnn", "blockwise"):
-    return requested
-  if requested != "auto":
-    raise ValueError(f"implementation must be None, 'xla', 'cudnn', 'blockwise' or 'auto', not {requested!r}")
-  backend = backend or target_platform()
-  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  fits = shape is None or cudnn_unsupported(*shape) is None
-  return "cudnn" if backend in ("gpu", "cuda") and half and bias_batch in (None, 1) and fits else "xla"
-
-
-def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
-                          mask: jax.Array | None = None, *, implementation: str | None = None,
-                          block_size: int = 128) -> jax.Array:
-  """softmax(q.k/sqrt(H) + bias, where mask) . v with `jax.nn.dot_product_attention`'s layout:
-  query (B, T, N, H), key/value (B, S, N, H), bias (additive) and mask (boolean, False excludes)
-  broadcastable to (B, N, T, S). implementation: None/"xla" (XLA's attention), "cudnn" (GPU, where
-  cuDNN supports the case), "blockwise" (pure JAX, any backend: key blocks of `block_size` with an
-  online softmax and a custom VJP that recomputes scores block by block; the bias gradient comes
-  back at the bias's own size), or "auto" (see `attention_implementation`).
-
-  cuDNN with a bias under `jax.vmap` (several runs in one program, each with its own prior): JAX's
-  batching rule for the fused kernel assumes that a batched bias carries the example batch, so the
-  call is made through `heads_folded_attention` instead, which folds the mapped axis into the heads
-  ((R, B, T, N, H) -> (B, T, R*N, H), the bias (R, Bb, N, T, S) -> (Bb, R*N, T, S)): one fused call
-  forward and one backward for all runs, the bias gradient at the bias's own size."""
-  bias_batch = None if bias is None and mask is None else (
-      jnp.shape(bias)[0] if bias is not None and jnp.ndim(bias) == 4 else 1)
-  shape = (query.shape[-3], key.shape[-3], query.shape[-1])
-  impl = attention_implementation(implementation, query.dtype, bias_batch, shape=shape)
-  if impl == "cudnn":
-    why = cudnn_unsupported(*shape)
-    if why is not None:
-      raise ValueError(f"implementation='cudnn': {why}; use 'auto' (XLA where cuDNN cannot) or 'xla'")
-  if impl == "blockwise":
-    from maskprior_jax.blockwise import blockwise_attention
-    return blockwise_attention(query, key, value, bias, mask, block_size)
-  if impl == "cudnn" and (bias is not None or mask is not None):
-    return heads_folded_attention(query, key, value, bias, mask, implementation="cudnn")
-  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, implementation=impl)
-
-
-def _fold_runs(x, batched: bool, runs: int, head_axis: int):
-  """An array with a leading mapped axis of `runs` (broadcast there if not `batched`) with that axis
-  merged into its heads axis (`head_axis` of the unmapped array), runs major."""
-  x = x if batched else jnp.broadcast_to(x, (runs,) + x.shape)
-  x = jnp.moveaxis(x, 0, head_axis)
-  return x.reshape(x.shape[:head_axis] + (-1,) + x.shape[head_axis + 2:])
-
-
-def _unfold_runs(x, runs: int, head_axis: int):
-  """`_fold_runs` undone: the heads axis split into (runs, heads), the runs moved to the front."""
-  x = x.reshape(x.shape[:head_axis] + (runs, -1) + x.shape[head_axis + 1:])
-  return jnp.moveaxis(x, head_axis, 0)
-
-
-def _heads_folding(fn, head_axes_in: tuple[int, ...], head_axes_out: tuple[int, ...]):
-  """`fn` (arrays in, a tuple of arrays out) whose `jax.vmap` folds the mapped axis into each
-  array's heads axis and calls `fn` once (itself again, so nested maps fold again)."""
-  folded = jax.custom_batching.custom_vmap(fn)
-
-  @folded.def_vmap
-  def rule(axis_size, in_batched, *args):
-    outs = folded(*(_fold_runs(a, b, axis_size, h) for a, b, h in zip(args, in_batched, head_axes_in)))
-    return tuple(_unfold_runs(o, axis_size, h) for o, h in zip(outs, head_axes_out)), (True,) * len(outs)
-  return folded
-
-
-@functools.lru_cache(maxsize=None)
-def _heads_folded_call(implementation: str):
-  """The custom-VJP attention of `heads_folded_attention` for one implementation (built once)."""
-  attend = functools.partial(jax.nn.dot_product_attention, implementation=implementation)
-  # The forward, and the backward, which makes cuDNN's training forward again for the statistics its
-  # backward kernel reads (a custom_vmap function has no reverse-mode derivative of its own, so the
-  # forward's residuals cannot be handed over): one more fused forward per layer in training.
-  infer = _heads_folding(lambda q, k, v, b: (attend(q, k, v, b),), (2, 2, 2, 1), (2,))
-  bwd = _heads_folding(lambda q, k, v, b, g: tuple(jax.vjp(attend, q, k, v, b)[1](g)), (2, 2, 2, 1, 2),
-                       (2, 2, 2, 1))
-
-  @jax.custom_vjp
-  def call(q, k, v, b):
-    return infer(q, k, v, b)[0]
-
-  def call_fwd(q, k, v, b):
-    return infer(q, k, v, b)[0], (q, k, v, b)
-
-  def call_bwd(res, g):
-    return bwd(*res, g)
-
-  call.defvjp(call_fwd, call_bwd)
-  return call
-
-
-def heads_folded_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
-                           mask: jax.Array | None = None, *, implementation: str = "cudnn") -> jax.Array:
-  """`jax.nn.dot_product_attention(..., implementation=implementation)` whose `jax.vmap` folds the
-  mapped axis into the heads instead of the batch: R stacked runs, each with its own bias, are one
-  call over R*N heads with the bias's batch dimension unchanged (cuDNN's batching rule would need a
-  bias that carries the example batch). Layout as `dot_product_attention`: query (B, T, N, H),
-  key/value (B, S, N, H) (N heads each), bias broadcastable to (B, N, T, S); a boolean mask is added
-  to the bias as a large negative logit, as JAX's cuDNN path does. Gradients: one backward call,
-  the bias's at the bias's shape (batch 1 or B, N heads)."""
-  n = query.shape[-2]
-  dtype = query.dtype
-  if bias is not None:
-    bias = jnp.asarray(bias)
-    bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape).astype(dtype)
-  if mask is not None:
-    mask = jnp.asarray(mask)
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    neg = jnp.asarray(-2 << 40 if dtype == jnp.bfloat16 else -2 << 14 if dtype == jnp.float16
-                      else jnp.finfo(dtype).min / 2, dtype)
-    add = jnp.where(mask, jnp.asarray(0, dtype), neg)
-    bias = add if bias is None else bias + add
-  b = bias.shape[0]
-  bias = jnp.broadcast_to(bias, (b, n) + bias.shape[2:])   # one row of heads per head: the fold splits them
-  return _heads_folded_call(implementation)(query, key, value, bias)
-
-
-def with_prior_bias(attention_fn: Callable[..., jax.Array],
-                    prior: Callable[[int, int], jax.Array]) -> Callable[..., jax.Array]:
-  """A Flax-style attention function that adds `prior(q_len, kv_len)` (cast to the logits' dtype) to
-  its `bias` argument, with `attention_fn`'s signature (Flax filters the keywords it passes by it).
-  How the Flax-named drop-ins (`maskprior_jax.linen`, `maskprior_jax.nnx.MultiHeadAttention`) hand
-  their prior to Flax's own attention code."""
-  @functools.wraps(attention_fn)
-  def with_prior(query, key, value, *rest, bias=None, **kw):
-    b = prior(query.shape[-3], key.shape[-3]).astype(kw.get("dtype") or jnp.result_type(query.dtype, key.dtype))
-    return attention_fn(query, key, value, *rest, bias=b if bias is None else bias + b, **kw)
-  return with_prior
-
-
-def _fused_attention(query, key, value, bias, mask, implementation):
-  """`jax.nn.dot_product_attention` over (batch, len, heads, d) with leading dims flattened."""
-  lead = query.shape[:-3]
-  flat = lambda x: x.reshape((-1,) + x.shape[-3:])
-  q, k, v = flat(query), flat(key), flat(value)
-  b = q.shape[0]
-
-  def batch4(x):
-    if x is None:
-      return None
-    x = jnp.asarray(x)
-    while x.ndim < 4:
-      x = x[None]
-    if x.ndim > 4:
-      x = jnp.broadcast_to(x, lead + x.shape[-3:]).reshape((b,) + x.shape[-3:])
-    return x
-
-  bias4 = batch4(bias)
-  if bias4 is not None:
-    bias4 = bias4.astype(q.dtype)
-  mask4 = batch4(mask)
-  if mask4 is not None:
-    mask4 = mask4.astype(bool)
-  out = dot_product_attention(q, k, v, bias4, mask4, implementation=implementation)
-  return out.reshape(lead + out.shape[1:])
 
 
 def _checked_init(init, key, shape, dtype, kind: str | None = None):

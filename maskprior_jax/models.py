@@ -108,12 +108,35 @@ class Transformer(nn.Module):
     """inputs: (batch, len) ids or (batch, len, in_dim); padding_mask: (batch, len) bool;
     position_ids: (batch, len) int, one id per token and example (e.g. coupled positions with a
     random offset in training), in place of the static `position_ids` attribute."""
+    self._check_choices()
+    x, padding_mask = self._embed(inputs, padding_mask)
+    prefix = 1 if self.pooling == "cls" else 0
+    x, qk_pos = self._add_positions(x, position_ids, prefix)
+    mask = self._attention_mask(x.shape[0], x.shape[1], padding_mask)
+    head_dim = self.head_dim or self.dim // self.num_heads
+    shared_bias = None
+    masks = self._layer_masks()
+    if isinstance(self.mask, MaskSettings) and self.mask.share_layers:
+      # One bias for every layer, held here (kind "full" or "shared") and added to each layer's logits.
+      shared_bias = dense_mask_bias(self, self.mask, "shared_bias", self.num_heads, x.shape[1], x.shape[1])
+      masks = [None] * self.depth
+    for i, layer_mask in enumerate(masks):
+      x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim, mask=layer_mask,
+                num_prefix=prefix, dtype=self.dtype, attention_implementation=self.attention_implementation,
+                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask, bias=shared_bias)
+    x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
+    return self._readout(x, padding_mask)
+
+  def _check_choices(self):
     if self.pos_embedding not in ("learned", "sinusoidal", "none"):
       raise ValueError(f"pos_embedding must be learned, sinusoidal or none, not {self.pos_embedding!r}")
     if self.pos_where not in ("input", "qk"):
       raise ValueError(f"pos_where must be input or qk, not {self.pos_where!r}")
     if self.pooling not in ("cls", "mean", "none"):
       raise ValueError(f"pooling must be cls, mean or none, not {self.pooling!r}")
+
+  def _embed(self, inputs, padding_mask):
+    """Token (or feature) embeddings, with the CLS token first where the model pools on it."""
     if self.vocab_size is not None:
       x = nn.Embed(self.vocab_size, self.dim, name="embed")(inputs)
     else:
@@ -123,58 +146,52 @@ class Transformer(nn.Module):
     batch, length = x.shape[0], x.shape[1]
     if length > self.max_len:
       raise ValueError(f"input length {length} exceeds max_len={self.max_len}")
-    prefix = 1 if self.pooling == "cls" else 0
-    if prefix:
+    if self.pooling == "cls":
       cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, self.dim))
       x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, self.dim)).astype(x.dtype), x], axis=1)
       if padding_mask is not None:
         padding_mask = jnp.concatenate([jnp.ones((batch, 1), bool), padding_mask], axis=1)
-    seq = length + prefix
+    return x, padding_mask
 
+  def _position_ids(self, batch: int, seq: int, prefix: int, position_ids):
+    """(1 or batch, seq) position ids: the static attribute's, or the call's, or 0..seq-1."""
     ids = np.arange(seq)
     if self.position_ids is not None:
       ids = np.asarray(self.position_ids)
       if ids.shape != (seq,) or ids.min() < 0 or ids.max() >= self.max_len + prefix:
         raise ValueError(f"position_ids must be {seq} ids in 0..{self.max_len + prefix - 1}, got {ids.tolist()}")
-    ids = ids[None]
-    if position_ids is not None:
-      if prefix or jnp.shape(position_ids) != (batch, seq):
-        raise ValueError(f"position_ids must be (batch, len) = {(batch, seq)} ids without a CLS token, "
-                         f"got shape {jnp.shape(position_ids)}")
-      ids = jnp.asarray(position_ids)
-    pos = None
+    if position_ids is None:
+      return ids[None]
+    if prefix or jnp.shape(position_ids) != (batch, seq):
+      raise ValueError(f"position_ids must be (batch, len) = {(batch, seq)} ids without a CLS token, "
+                       f"got shape {jnp.shape(position_ids)}")
+    return jnp.asarray(position_ids)
+
+  def _add_positions(self, x, position_ids, prefix: int):
+    """`x` with position embeddings added (pos_where="input"), and those for the queries and keys
+    (pos_where="qk"), or None."""
+    ids = self._position_ids(x.shape[0], x.shape[1], prefix, position_ids)
     if self.pos_embedding == "learned":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (self.max_len + prefix, self.dim))[ids]
     elif self.pos_embedding == "sinusoidal":
       pos = jnp.asarray(sinusoidal_positions(self.max_len + prefix, self.dim))[ids]
-    qk_pos = None
-    if pos is not None:
-      if self.pos_where == "input":
-        x = x + pos.astype(x.dtype)
-      else:
-        qk_pos = pos.astype(x.dtype)
+    else:
+      return x, None
+    if self.pos_where == "input":
+      return x + pos.astype(x.dtype), None
+    return x, pos.astype(x.dtype)
 
+  def _attention_mask(self, batch: int, seq: int, padding_mask):
     mask = None
     if self.causal:
       mask = nn.make_causal_mask(jnp.ones((batch, seq)))
     if padding_mask is not None:
       pad = nn.make_attention_mask(padding_mask, padding_mask)
       mask = pad if mask is None else nn.combine_masks(mask, pad)
+    return mask
 
-    head_dim = self.head_dim or self.dim // self.num_heads
-    shared_bias = None
-    masks = self._layer_masks()
-    if isinstance(self.mask, MaskSettings) and self.mask.share_layers:
-      # One bias for every layer, held here (kind "full" or "shared") and added to each layer's logits.
-      shared_bias = dense_mask_bias(self, self.mask, "shared_bias", self.num_heads, seq, seq)
-      masks = [None] * self.depth
-
-    for i, layer_mask in enumerate(masks):
-      x = Block(num_heads=self.num_heads, head_dim=head_dim, mlp_dim=self.mlp_dim, mask=layer_mask,
-                num_prefix=prefix, dtype=self.dtype, attention_implementation=self.attention_implementation,
-                name=f"block_{i}")(x, qk_pos=qk_pos, mask=mask, bias=shared_bias)
-    x = nn.LayerNorm(dtype=self.dtype, name="ln_final")(x)
-
+  def _readout(self, x, padding_mask):
+    """The head: on the CLS token, the mean over tokens, or every token (head="lm")."""
     if self.head == "lm":
       if self.pooling != "none":
         raise ValueError("head='lm' needs pooling='none'")

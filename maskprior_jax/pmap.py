@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from maskprior_jax.train import LossFn, step_fn
+from maskprior_jax.train.state import LossFn
+from maskprior_jax.train.steps import step_fn
 
 
 def make_pmap_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, axis_name: str = "batch"):

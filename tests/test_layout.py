@@ -1,6 +1,7 @@
 """The package's shape, as contributors rely on it: no import cycle inside maskprior_jax (the
 library core never imports the benchmarks), no function with more than 10 parameters (settings
-travel as one object), and a thin command line."""
+travel as one object), no function over 70 lines of code and no module over 500 lines, a training
+loop that reads on one screen, and a thin command line."""
 import ast
 import pathlib
 
@@ -68,6 +69,43 @@ def test_no_function_takes_more_than_ten_parameters():
         if len(params) > 10 and f"{name}.{node.name}" not in DROP_IN:
           wide.append(f"{name}.{node.name} ({len(params)})")
   assert not wide, wide
+
+
+def _code_lines(lines: list[str], node) -> int:
+  """A function's lines of code: its docstring, blank lines and comment lines aside."""
+  body = node.body
+  doc = (body[0].lineno, body[0].end_lineno) if (body and isinstance(body[0], ast.Expr)
+                                                  and isinstance(body[0].value, ast.Constant)
+                                                  and isinstance(body[0].value.value, str)) else (0, -1)
+  return sum(1 for i in range(node.lineno, node.end_lineno + 1)
+             if not doc[0] <= i <= doc[1] and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+
+
+def _function_lengths():
+  for name, path, tree in _modules():
+    lines = path.read_text().splitlines()
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        yield f"{name}.{node.name}", _code_lines(lines, node)
+
+
+def test_no_function_over_70_lines_of_code_and_no_module_over_500_lines():
+  long_functions = [(f, n) for f, n in _function_lengths() if n > 70]
+  long_modules = [(str(path.relative_to(ROOT)), n) for _, path, _ in _modules()
+                  if (n := len(path.read_text().splitlines())) > 500]
+  assert not long_functions and not long_modules, (long_functions, long_modules)
+
+
+def test_the_training_loop_reads_on_one_screen():
+  """train_seeds is the loop alone (resume, step, log, evaluate, checkpoint, stop): the placement is
+  decided, and its stepper built, before it."""
+  lengths = dict(_function_lengths())
+  assert lengths["maskprior_jax.train.loop.train_seeds"] <= 60
+  tree = ast.parse((ROOT / "train" / "loop.py").read_text())
+  fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train_seeds")
+  loop = "\n".join(ast.unparse(n) for n in fn.body[1:])   # the code, its docstring aside
+  assert not any(word in loop for word in ("run_block", ".mode", "is_runs_mesh", "DeviceBatches(")), \
+      "the loop asks which placement or batches it has"
 
 
 def test_the_command_line_module_stays_thin():

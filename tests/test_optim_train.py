@@ -300,7 +300,7 @@ def test_loop_dispatches_the_next_call_before_the_previous_one_finishes(monkeypa
       outputs.append(out[0].step)
       return out
     return call
-  monkeypatch.setattr(train, "make_train_step", recording_step)
+  monkeypatch.setattr(train.steps, "make_train_step", recording_step)   # where loop_step finds it
 
   def slow_loss(variables, batch, rng):
     loss, aux = _loss_fn(model)(variables, batch, rng)

@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import importlib.util
 import json
-import math
 import re
 import sys
 import time
@@ -40,6 +39,7 @@ from jax.sharding import SingleDeviceSharding
 from maskprior_jax import attention, sharding, train
 from maskprior_jax.bench import runner
 from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.flops import count_flops
 
 GiB = 1 << 30
 
@@ -169,67 +169,6 @@ def _missing(module: str) -> bool:
     return True
 
 
-# -- FLOPs from the traced program ------------------------------------------------------------------
-
-def _dot_flops(eqn) -> float:
-  (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
-  lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-  contract = math.prod(lhs[i] for i in lc)
-  batch = math.prod(lhs[i] for i in lb)
-  lfree = math.prod(d for i, d in enumerate(lhs) if i not in lc and i not in lb)
-  rb = eqn.params["dimension_numbers"][1][1]
-  rfree = math.prod(d for i, d in enumerate(rhs) if i not in rc and i not in rb)
-  return 2.0 * batch * lfree * rfree * contract
-
-
-def _attention_flops(eqn, backward: bool) -> float:
-  """cuDNN's fused attention: q.k and p.v, 2*B*N*T*S*H each; the backward recomputes q.k and forms
-  dp, dv, dq, dk (five products)."""
-  q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape   # (B, T, N, H), (B, S, N, H)
-  b, t, n, h = q
-  s = k[1]
-  return (5 if backward else 2) * 2.0 * b * n * t * s * h
-
-
-def _sub_jaxprs(eqn):
-  for v in eqn.params.values():
-    for item in (v if isinstance(v, (tuple, list)) else (v,)):
-      if isinstance(item, jax.extend.core.ClosedJaxpr):
-        yield item.jaxpr
-      elif isinstance(item, jax.extend.core.Jaxpr):
-        yield item
-
-
-def count_flops(jaxpr, primitives: set | None = None) -> float:
-  """Floating-point operations of a traced program's matrix products (dot_general, and cuDNN's fused
-  attention by its formula), over the whole program: a scan's body counted `length` times, a cond's
-  costliest branch, a shard_map's body once per device. Elementwise work is not counted (the
-  convention of MFU figures). `primitives`, if given, collects the names of every primitive met."""
-  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  total = 0.0
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if primitives is not None:
-      primitives.add(name)
-    if name == "dot_general":
-      total += _dot_flops(eqn)
-    elif name.startswith("dot_product_attention_fwd"):
-      total += _attention_flops(eqn, backward=False)
-    elif name.startswith("dot_product_attention_bwd"):
-      total += _attention_flops(eqn, backward=True)
-    elif name == "scan":
-      total += eqn.params["length"] * count_flops(eqn.params["jaxpr"], primitives)
-    elif name == "cond":
-      total += max(count_flops(b, primitives) for b in eqn.params["branches"])
-    elif name == "custom_vmap_call":   # the folded cuDNN call: its jaxpr is the unmapped call
-      total += count_flops(eqn.params["call"], primitives)
-    elif name == "shard_map":
-      total += math.prod(eqn.params["mesh"].shape.values()) * count_flops(eqn.params["jaxpr"], primitives)
-    else:
-      total += sum(count_flops(j, primitives) for j in _sub_jaxprs(eqn))
-  return total
-
-
 # -- one benchmark's programs --------------------------------------------------------------------
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
@@ -312,33 +251,12 @@ def _lowering(platform: str) -> str:
   return {"gpu": "cuda"}.get(platform, platform)
 
 
-def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Sequence[int], tgt: Target,
-                   task: str) -> list[Program]:
-  """The training call and the evaluation of one group of methods that trains as one program, as
-  `runner.train_method` builds them, compiled for `tgt` (call inside `sharding.for_devices`)."""
-  methods = list(methods)
-  runs = bench.runs(seeds)
-  stacked_runs = list(runs) * len(methods)
-  n = len(stacked_runs)
-  model, settings = bench.model(methods[0]), bench.settings_for(methods[0])
-  tx = settings.optimizer()
-  one = jax.eval_shape(lambda k: train.create_state(model.init(k, bench.sample_input), tx, k), jax.random.key(0))
-  try:   # a placement the target's devices cannot take, in the run's own words
-    placement = settings.placement(n, train.num_params(one.variables))
-  except ValueError as e:
-    raise UsageError(f"{tgt.name}: {e}") from None
-  mesh, k = placement.mesh, placement.run_block
-  devices = sharding.devices()
-  first = SingleDeviceSharding(devices[0] if mesh is None else mesh.devices.flat[0])
-  batches = runner.loop_batches(bench, methods[0], stacked_runs)
-  spc = settings.steps_per_call
+def _train_call(loss_fn, tx, states, batches, settings, placement, keys):
+  """The loop's compiled call for a placement (`train.loop_step`) and its abstract arguments, laid out
+  as the loop lays them (one block's state and batches on its device where runs are stepped in blocks)."""
+  mesh, k, spc = placement.mesh, placement.run_block, settings.steps_per_call
   lead = 1 + int(spc > 1)
-  program_runs = k if k else n
-  states = _with_run_axis(one, program_runs)
-  device_batches = isinstance(batches, train.DeviceBatches)
-  if not device_batches:   # the host batches' shapes: one call's batch of the program's runs
-    chunk = [batches(j, [r.key for r in stacked_runs][:program_runs]) for j in range(spc)]
-    host = jax.tree.map(lambda *xs: np.stack(xs), *chunk) if spc > 1 else chunk[0]
+  first = SingleDeviceSharding(sharding.devices()[0] if mesh is None else mesh.devices.flat[0])
   state_sharding = None
   if k or mesh is None:
     state_spec = batch_spec = scalar_spec = lambda a: first
@@ -352,15 +270,52 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
     state_spec = lambda a: train.replicated(mesh)
     batch_spec = lambda a: train.batch_sharding(mesh, lead)
     scalar_spec = lambda a: train.replicated(mesh)
-  call = train.loop_step(bench.loss_fn(model), tx, batches, settings, placement, state_sharding)
+  call = train.loop_step(loss_fn, tx, batches, settings, placement, state_sharding)
   st = (jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), states, state_sharding)
         if state_sharding is not None else _abstract(states, state_spec))
-  if device_batches:
+  if isinstance(batches, train.DeviceBatches):
     args = (st, jax.ShapeDtypeStruct((), jnp.int32, sharding=scalar_spec(None)))
-    if k:
-      args += (jax.ShapeDtypeStruct((k,), jnp.int32, sharding=first),)
-  else:
-    args = (st, _abstract(host, batch_spec))
+    return call, args + ((jax.ShapeDtypeStruct((k,), jnp.int32, sharding=first),) if k else ())
+  # the host batches' shapes: one call's batch of the program's runs
+  chunk = [batches(j, keys) for j in range(spc)]
+  host = jax.tree.map(lambda *xs: np.stack(xs), *chunk) if spc > 1 else chunk[0]
+  return call, (st, _abstract(host, batch_spec))
+
+
+def _eval_specs(placement, first):
+  """How the evaluation's arguments lie (the stacked variables; the data and initial variables) and
+  on how many devices it runs."""
+  mesh = placement.mesh
+  if placement.mode == "runs":
+    return (lambda a: train.run_sharding(mesh)), (lambda a: train.replicated(mesh)), placement.devices
+  if mesh is not None:
+    return (lambda a: train.replicated(mesh)), (lambda a: train.replicated(mesh)), placement.devices
+  return (lambda a: first), (lambda a: first), 1
+
+
+def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Sequence[int], tgt: Target,
+                   task: str) -> list[Program]:
+  """The training call and the evaluation of one group of methods that trains as one program, as
+  `runner.train_method` builds them, compiled for `tgt` (call inside `sharding.for_devices`)."""
+  methods = list(methods)
+  runs = bench.runs(seeds)
+  stacked_runs = list(runs) * len(methods)
+  n = len(stacked_runs)
+  method = bench.method(methods[0])
+  model, settings = method.model, method.settings
+  tx = settings.optimizer()
+  one = jax.eval_shape(lambda k: train.create_state(model.init(k, bench.sample_input), tx, k), jax.random.key(0))
+  try:   # a placement the target's devices cannot take, in the run's own words
+    placement = settings.placement(n, train.num_params(one.variables))
+  except ValueError as e:
+    raise UsageError(f"{tgt.name}: {e}") from None
+  mesh, k = placement.mesh, placement.run_block
+  first = SingleDeviceSharding(sharding.devices()[0] if mesh is None else mesh.devices.flat[0])
+  training = bench.training(method, stacked_runs)
+  spc = settings.steps_per_call
+  program_runs = k if k else n
+  call, args = _train_call(training.loss_fn, tx, _with_run_axis(one, program_runs), training.batches, settings,
+                           placement, [r.key for r in stacked_runs][:program_runs])
   used = 1 if (k or mesh is None) else placement.devices
   label = f"{bench.name} {'+'.join(methods)}"
   lowering = _lowering(tgt.platform)
@@ -373,15 +328,8 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   rows = [Program(program="train", runs=program_runs, calls_per_step=(n // program_runs) / spc, flops_per_call=flops,
                   steps_per_call=spc, memory_per_device=memory, collectives=coll, compile_seconds=secs, **common)]
   # The evaluation during training, on the joined state of every run.
-  eval_all, data = runner.evaluation(model, bench, stacked_runs, mesh, bench.probe_for(methods[0]))
-  if placement.mode == "runs":
-    var_spec, rest_spec, eval_devices = (lambda a: train.run_sharding(mesh)), (lambda a: train.replicated(mesh)), placement.devices
-  elif mesh is not None:
-    var_spec = rest_spec = lambda a: train.replicated(mesh)
-    eval_devices = placement.devices
-  else:
-    var_spec = rest_spec = lambda a: first
-    eval_devices = 1
+  eval_all, data = runner.evaluation(method, training, mesh), training.eval_data
+  var_spec, rest_spec, eval_devices = _eval_specs(placement, first)
   variables = _with_run_axis(one.variables, n)
   eval_args = (_abstract(variables, var_spec), None if data is None else _abstract(data, rest_spec),
                _abstract(variables, rest_spec))

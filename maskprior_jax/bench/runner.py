@@ -50,10 +50,51 @@ class Probe:
   rows: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One method as a benchmark trains it, asked once per method (`Benchmark.method`).
+
+  Attributes:
+    name: the method's name (results.json's "method").
+    model: the Flax module its runs train (with its prior, for the mask methods).
+    settings: its loop settings (`train.LoopSettings`).
+    probe: where its persistence is measured.
+    init: which of METHODS' initialisations its runs get (`initial_variables`).
+  """
+  name: str
+  model: Any
+  settings: train.LoopSettings
+  probe: Probe
+  init: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """What one program of runs trains on and is measured with during training (`Benchmark.training`).
+
+  Attributes:
+    loss_fn: `loss_fn(variables, batch, rng) -> (loss, metrics)`.
+    batches: the host batch function `batch_fn(step, keys, part=(i, n))`, or `train.DeviceBatches`.
+    source: "host" or "device" (`batch_source`; results.json records it).
+    eval_metrics: `metrics_fn(variables, data) -> dict of scalars` for one run.
+    eval_data: the runs' stacked evaluation data (a leading run axis), or None.
+  """
+  loss_fn: train.LossFn
+  batches: Any
+  source: str
+  eval_metrics: Callable[[dict, Any], dict]
+  eval_data: Any = None
+
+
 class Benchmark:
   """What one benchmark supplies to `run`. Subclasses set `name` (log label), `kind` (results.json
   "benchmark"), `cfg`, `settings` (`train.LoopSettings`), `sample_input` and `probe`, and
-  implement the methods below that raise NotImplementedError."""
+  implement the methods below that raise NotImplementedError.
+
+  The runner asks about each method once (`method`: its model, settings, probe and initialisation)
+  and about each program of runs once (`training`: loss, batches, evaluation); their defaults are
+  built from the finer hooks below, which a benchmark overrides where it needs to, or it overrides
+  `method` or `training` as a whole."""
   name: str
   kind: str
   cfg: Any
@@ -68,6 +109,19 @@ class Benchmark:
   def digest(self) -> str:
     """Identifies the config and task: a run folder holding another digest starts over."""
     raise NotImplementedError
+
+  def method(self, name: str) -> Method:
+    """Everything the runner needs about one method (default: from `model`, `settings_for`,
+    `probe_for` and `init_method`)."""
+    return Method(name, self.model(name), self.settings_for(name), self.probe_for(name), self.init_method(name))
+
+  def training(self, method: Method, runs: Sequence[Run]) -> Training:
+    """What `runs` of `method` (and of the methods stacked with it) train on and are measured with
+    (default: from `loss_fn`, `host_batches` or `device_batches` as `batch_source` says,
+    `eval_metrics` and `eval_data`)."""
+    source = batch_source(self, method.settings)
+    batches = train.DeviceBatches(self.device_batches(runs)) if source == "device" else self.host_batches(runs)
+    return Training(self.loss_fn(method.model), batches, source, self.eval_metrics(method.model), self.eval_data(runs))
 
   def runs(self, seeds: Sequence[int]) -> list[Run]:
     """The runs of one method for `seeds` (default: one per seed)."""
@@ -159,55 +213,41 @@ class Command:
   benchmarks: Callable | None = None
 
 
-def initial_variables(method: str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
-  """One run's starting variables for a method: `model.init`, then for "mimetic" the mimetic
-  QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the initial attention on
-  the probe inputs matches the prior's pattern (cfg.qk). The other methods differ only in the
-  model (the mask model carries its prior). Returns (variables, info)."""
-  variables = bench.seed_variables(method, model.init(jax.random.key(seed), bench.sample_input), seed)
+def initial_variables(method: Method | str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
+  """One run's starting variables for a method (a `Method`, or its name): `model.init`, then for
+  "mimetic" the mimetic QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the
+  initial attention on the probe inputs matches the prior's pattern (cfg.qk). The other methods
+  differ only in the model (the mask model carries its prior). Returns (variables, info)."""
+  name, init = (method.name, method.init) if isinstance(method, Method) else (method, bench.init_method(method))
+  variables = bench.seed_variables(name, model.init(jax.random.key(seed), bench.sample_input), seed)
   info = {}
-  method = bench.init_method(method)
-  if method == "mimetic":
+  if init == "mimetic":
     m = bench.cfg.mimetic
     variables = {**variables, "params": baselines.mimetic(
         variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
         alpha_v=m.alpha_v, beta_v=m.beta_v)}
-  elif method == "qk":
+  elif init == "qk":
     variables, tv = baselines.fit_qk(model.apply, variables, bench.probe.inputs, bench.probe.target_attn,
                                      steps=bench.cfg.qk.fit_steps, learning_rate=bench.cfg.qk.fit_learning_rate)
     info["qk_fit_tv"] = tv
   return variables, info
 
 
-def batch_source(bench: Benchmark, method: str) -> str:
-  """Where a method's batches come from: train.batches, with "auto" resolved to "device" where the
-  benchmark holds its training set on the device (`Benchmark.device_data`) and "host" elsewhere.
-  The two are different streams, so different runs: results.json records the one used."""
-  source = bench.settings_for(method).batches
-  if source == "auto":
+def batch_source(bench: Benchmark, settings: train.LoopSettings) -> str:
+  """Where a method's batches come from: its `settings.batches`, with "auto" resolved to "device"
+  where the benchmark holds its training set on the device (`Benchmark.device_data`) and "host"
+  elsewhere. The two are different streams, so different runs: results.json records the one used."""
+  if settings.batches == "auto":
     return "device" if bench.device_data() else "host"
-  return source
+  return settings.batches
 
 
-def loop_batches(bench: Benchmark, method: str, runs: Sequence[Run]):
-  """What the loop draws its batches with (`batch_source`): `train.DeviceBatches` or the host batch function."""
-  if batch_source(bench, method) == "device":
-    return train.DeviceBatches(bench.device_batches(runs))
-  return bench.host_batches(runs)
-
-
-def _evaluator(model, bench: Benchmark, runs: Sequence[Run], init0, mesh, probe: Probe):
-  """The evaluation of every run during training (`evaluation`), fetched to the host."""
-  eval_all, run_data = evaluation(model, bench, runs, mesh, probe)
-  return lambda stacked: jax.device_get(eval_all(stacked, run_data, init0))
-
-
-def evaluation(model, bench: Benchmark, runs: Sequence[Run], mesh, probe: Probe):
+def evaluation(method: Method, training: Training, mesh):
   """The jitted evaluation of every run during training, `eval_all(stacked_variables, data,
-  initial_variables)`, and the runs' `data`: the benchmark's metrics, `attn_tv` (each layer's mean
-  total-variation distance between attention rows on the probe and the prior's pattern) and, for a
-  model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
-  metrics_fn, run_data = bench.eval_metrics(model), bench.eval_data(runs)
+  initial_variables)`: the benchmark's metrics (`training.eval_metrics` on `training.eval_data`),
+  `attn_tv` (each layer's mean total-variation distance between attention rows on the method's
+  probe and the prior's pattern) and, for a model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
+  model, probe, metrics_fn = method.model, method.probe, training.eval_metrics
   target_attn = jnp.asarray(probe.target_attn)
   rows = slice(None) if probe.rows is None else np.asarray(probe.rows)
 
@@ -223,7 +263,7 @@ def evaluation(model, bench: Benchmark, runs: Sequence[Run], mesh, probe: Probe)
       out["mask_drift"] = measure.mask_drift(stacked, init0)
     return out
   # Over a mesh the metrics come back replicated, so that every process can read them.
-  return jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)})), run_data
+  return jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)}))
 
 
 def hparams(cfg, method: str) -> dict:
@@ -270,20 +310,20 @@ def _same_probe(a: Probe, b: Probe) -> bool:
              for x, y in pairs)
 
 
-def method_groups(bench: Benchmark, todo: dict) -> list[list[str]]:
+def method_groups(bench: Benchmark, todo: dict, described: dict | None = None) -> list[list[str]]:
   """The methods that train together (`stacks_methods`), in the order given: those with equal models
   (Flax modules compare as dataclasses), loop settings, probes and seeds to run, e.g. vanilla,
-  mimetic and qk, which differ only in their initial weights. `todo`: {method: seeds}."""
+  mimetic and qk, which differ only in their initial weights. `todo`: {method: seeds}; `described`:
+  {method: `Method`} where the caller has them (else asked here)."""
   groups: list[list[str]] = []
   if not stacks_methods(bench):
     return [[m] for m in todo]
-  # each method's model, settings and probe built once, not once per comparison
-  model, settings, probe = ({m: f(m) for m in todo} for f in (bench.model, bench.settings_for, bench.probe_for))
+  described = described or {m: bench.method(m) for m in todo}
   for m in todo:
     for g in groups:
-      h = g[0]
-      if (todo[h] == todo[m] and _same_model(model[h], model[m]) and settings[h] == settings[m]
-          and _same_probe(probe[h], probe[m])):
+      a, b = described[g[0]], described[m]
+      if (todo[g[0]] == todo[m] and _same_model(a.model, b.model) and a.settings == b.settings
+          and _same_probe(a.probe, b.probe)):
         g.append(m)
         break
     else:
@@ -297,59 +337,72 @@ def _runs_part(row: dict, part: slice, total: int) -> dict:
   return {k: (v[part] if len(np.shape(v)) and np.shape(v)[0] == total else v) for k, v in row.items()}
 
 
-def train_method(methods: str | Sequence[str], model, bench: Benchmark, runs: Sequence[Run],
+class _Observer:
+  """train_seeds' eval_fn: every run's evaluation, fetched once for the history and for each method's
+  TensorBoard log (its share of the runs), and the training windows (`log_train`)."""
+
+  def __init__(self, evaluate, logs, runs_per_method: int):
+    self.evaluate, self.logs, self.k = evaluate, logs, runs_per_method
+    self.total = runs_per_method * len(logs)
+
+  def _each(self, row):
+    return [(log, _runs_part(row, slice(i * self.k, (i + 1) * self.k), self.total)) for i, log in enumerate(self.logs)]
+
+  def __call__(self, step, stacked):
+    out = self.evaluate(stacked)
+    for log, part in self._each(out):
+      log(step, part)
+    return out
+
+  def log_train(self, step, row):
+    for log, part in self._each(row):
+      log.train(step, part)
+
+
+def _close(checkpointer, logs, trained: bool) -> None:
+  closed = False
+  try:
+    checkpointer.close()
+    closed = True
+  finally:   # a failure already on its way (e.g. a full disk) is the one reported, not the events'
+    with contextlib.ExitStack() as stack:   # every log closed, even after one fails
+      for log in logs:
+        stack.callback(log.close, report_errors=trained and closed)
+
+
+def train_method(methods: str | Method | Sequence[str | Method], model, bench: Benchmark, runs: Sequence[Run],
                  workdir: str | os.PathLike):
   """Train the runs of one method, or of several methods stacked (`method_groups`: the same model,
   loop settings and runs; each method's runs start from its own initial variables), in one program,
   with the persistence measurements; every evaluation reaches each method's TensorBoard as it is
   made, checkpoints go under workdir/checkpoints (METHOD/seeds_..., or A+B+.../seeds_... for stacked
-  methods). Returns (final stacked state on the host, eval history, per-run init info,
-  `train.Placement`), the runs in the order of `methods`, then of `runs`."""
-  methods = [methods] if isinstance(methods, str) else list(methods)
-  settings = bench.settings_for(methods[0])
-  inits = [initial_variables(m, model, bench, r.seed) for m in methods for r in runs]
-  stacked_runs = list(runs) * len(methods)   # every method's runs have the same keys and batches
+  methods). `methods`: `Method`s (or names, asked of the benchmark). Returns (final stacked state on
+  the host, eval history, per-run init info, `train.Placement`), the runs in the order of
+  `methods`, then of `runs`."""
+  group = [m if isinstance(m, Method) else bench.method(m)
+           for m in ([methods] if isinstance(methods, (str, Method)) else methods)]
+  names, settings = [m.name for m in group], group[0].settings
+  inits = [initial_variables(m, model, bench, r.seed) for m in group for r in runs]
+  stacked_runs = list(runs) * len(group)   # every method's runs have the same keys and batches
   init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
   placement = settings.placement(len(stacked_runs), train.num_params(inits[0][0]))
-  mesh = placement.mesh
-  evaluate = _evaluator(model, bench, stacked_runs, init0, mesh, bench.probe_for(methods[0]))
+  training = bench.training(group[0], stacked_runs)
+  eval_all = evaluation(dataclasses.replace(group[0], model=model), training, placement.mesh)
   seeds = results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
-  total, parts = len(stacked_runs), [slice(i * len(runs), (i + 1) * len(runs)) for i in range(len(methods))]
   logs = [results_lib.TensorBoardLog(workdir / "tensorboard" / workdir_lib.path(m) / seeds, hparams=hparams(bench.cfg, m),
-                                     labels=[r.label for r in runs]) for m in methods]
-
-  class Observer:
-    """train_seeds' eval_fn, with the training windows for TensorBoard (`log_train`)."""
-
-    def __call__(self, step, stacked):
-      out = evaluate(stacked)   # fetched once, for the history and TensorBoard
-      for log, part in zip(logs, parts):
-        log(step, _runs_part(out, part, total))
-      return out
-
-    def log_train(self, step, row):
-      for log, part in zip(logs, parts):
-        log.train(step, _runs_part(row, part, total))
-
-  batches = loop_batches(bench, methods[0], stacked_runs)
-  checkpointer = Checkpointer(workdir / "checkpoints" / workdir_lib.path("+".join(methods)) / seeds,
+                                     labels=[r.label for r in runs]) for m in names]
+  observer = _Observer(lambda stacked: jax.device_get(eval_all(stacked, training.eval_data, init0)), logs, len(runs))
+  checkpointer = Checkpointer(workdir / "checkpoints" / workdir_lib.path("+".join(names)) / seeds,
                               max_to_keep=settings.max_to_keep)
   trained = False
   try:
     state, history = train.train_seeds(
-        loss_fn=bench.loss_fn(model), tx=settings.optimizer(), variables=[v for v, _ in inits],
-        seeds=[r.key for r in stacked_runs], batches=batches, settings=settings, eval_fn=Observer(),
-        label=f"{bench.name}/{'+'.join(methods)}", checkpointer=checkpointer, mesh=placement)
+        loss_fn=training.loss_fn, tx=settings.optimizer(), variables=[v for v, _ in inits],
+        seeds=[r.key for r in stacked_runs], batches=training.batches, settings=settings, eval_fn=observer,
+        label=f"{bench.name}/{'+'.join(names)}", checkpointer=checkpointer, mesh=placement)
     trained = True
   finally:
-    closed = False
-    try:
-      checkpointer.close()
-      closed = True
-    finally:   # a failure already on its way (e.g. a full disk) is the one reported, not the events'
-      with contextlib.ExitStack() as stack:   # every log closed, even after one fails
-        for log in logs:
-          stack.callback(log.close, report_errors=trained and closed)
+    _close(checkpointer, logs, trained)
   # On the host in every process: what comes next (test metrics, digests) reads it locally.
   return distributed.host_tree(state), history, [i for _, i in inits], placement
 
@@ -373,31 +426,39 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
     else:
       progress.skip()
       log(f"[{bench.name}] {method}: seeds {list(seeds)} already in {workdir / 'results.json'}, skipped")
-  for group in method_groups(bench, todo):
+  described = {m: bench.method(m) for m in todo}   # each method asked once
+  for names in method_groups(bench, todo, described):
     timer = results_lib.Timer()
-    runs = bench.runs(todo[group[0]])
-    model = bench.model(group[0])
-    state, history, infos, placement = train_method(group, model, bench, runs, workdir)
-    total, wall = len(runs) * len(group), timer() / len(group)   # stacked methods share the time equally
-    for g, method in enumerate(group):
-      part = slice(g * len(runs), (g + 1) * len(runs))
-      variables = jax.tree.map(lambda a: a[part], state.variables)
-      method_history = [_runs_part(h, part, total) for h in history]
-      # Where the runs went (run-parallel, data parallel or one device), on how many devices, and
-      # which methods shared the program.
-      env = results.setdefault("environment", {})
-      env.setdefault("placement", {})[method] = {**placement.record(), **({"methods": group} if len(group) > 1 else {})}
-      # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
-      env.setdefault("batches", {})[method] = batch_source(bench, method)
-      for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(model, variables, runs, method_history))):
-        results["runs"].append(results_lib.RunRecord(
-            method=method, seed=int(r.seed), metrics=metrics,
-            persistence=results_lib.per_run(method_history, i, ["attn_tv", "mask_drift"]),
-            state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], variables)), info=infos[part][i]).to_json())
-      results_lib.record_method(results, method, method_history, wall, workdir, run_labels=[r.label for r in runs])
-      log(f"[{bench.name}] {method}: {bench.summary(results, method, runs)} ({timer():.0f}s"
-          f"{', with ' + '+'.join(m for m in group if m != method) if len(group) > 1 else ''})")
-      progress.done()
+    group, runs = [described[m] for m in names], bench.runs(todo[names[0]])
+    trained = train_method(group, group[0].model, bench, runs, workdir)
+    _record_group(results, bench, group, runs, trained, timer, workdir, log, progress)
   if distributed.is_main_process():   # process 0 writes the report
     bench.write_report(results, workdir)
   return results
+
+
+def _record_group(results, bench, group, runs, trained, timer, workdir, log, progress) -> None:
+  """Each method's runs of a trained group into results (per-run records with their digests, the
+  curves, where the runs went and which batches they drew), logged as each is recorded."""
+  state, history, infos, placement = trained
+  names = [m.name for m in group]
+  total, wall = len(runs) * len(group), timer() / len(group)   # stacked methods share the time equally
+  env = results.setdefault("environment", {})
+  for g, method in enumerate(group):
+    part = slice(g * len(runs), (g + 1) * len(runs))
+    variables = jax.tree.map(lambda a: a[part], state.variables)
+    method_history = [_runs_part(h, part, total) for h in history]
+    # Where the runs went (run-parallel, data parallel or one device), on how many devices, and
+    # which methods shared the program.
+    env.setdefault("placement", {})[method.name] = {**placement.record(), **({"methods": names} if len(group) > 1 else {})}
+    # Which batch stream the runs drew (host numpy or in-step device draws: different streams, different runs).
+    env.setdefault("batches", {})[method.name] = batch_source(bench, method.settings)
+    for i, (r, metrics) in enumerate(zip(runs, bench.final_metrics(method.model, variables, runs, method_history))):
+      results["runs"].append(results_lib.RunRecord(
+          method=method.name, seed=int(r.seed), metrics=metrics,
+          persistence=results_lib.per_run(method_history, i, ["attn_tv", "mask_drift"]),
+          state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], variables)), info=infos[part][i]).to_json())
+    results_lib.record_method(results, method.name, method_history, wall, workdir, run_labels=[r.label for r in runs])
+    log(f"[{bench.name}] {method.name}: {bench.summary(results, method.name, runs)} ({timer():.0f}s"
+        f"{', with ' + '+'.join(m for m in names if m != method.name) if len(group) > 1 else ''})")
+    progress.done()

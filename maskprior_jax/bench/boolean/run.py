@@ -209,6 +209,10 @@ class BooleanTask(runner.Benchmark):
             "truth_degree_profile": _relevant_profile(task, task.f),
             "mdi_degree_profile": _relevant_profile(task, self.mdi)}
 
+  def method(self, name: str) -> runner.Method:
+    """The method's model, settings, probe and initialisation, in one answer to the runner."""
+    return runner.Method(name, self.model(name), self.settings, self.probe_for(name), self.init_method(name))
+
   def model(self, method: str):
     return build_model(self.task, self.cfg, method)
 
