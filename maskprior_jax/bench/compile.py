@@ -251,12 +251,17 @@ def _lowering(platform: str) -> str:
   return {"gpu": "cuda"}.get(platform, platform)
 
 
+def _first_device(placement) -> SingleDeviceSharding:
+  """The placement's first device: where a run block, or every run without a mesh, lies."""
+  return SingleDeviceSharding(sharding.devices()[0] if placement.mesh is None else placement.mesh.devices.flat[0])
+
+
 def _train_call(loss_fn, tx, states, batches, settings, placement, keys):
   """The loop's compiled call for a placement (`train.loop_step`) and its abstract arguments, laid out
   as the loop lays them (one block's state and batches on its device where runs are stepped in blocks)."""
   mesh, k, spc = placement.mesh, placement.run_block, settings.steps_per_call
   lead = 1 + int(spc > 1)
-  first = SingleDeviceSharding(sharding.devices()[0] if mesh is None else mesh.devices.flat[0])
+  first = _first_device(placement)
   state_sharding = None
   if k or mesh is None:
     state_spec = batch_spec = scalar_spec = lambda a: first
@@ -282,10 +287,10 @@ def _train_call(loss_fn, tx, states, batches, settings, placement, keys):
   return call, (st, _abstract(host, batch_spec))
 
 
-def _eval_specs(placement, first):
+def _eval_specs(placement):
   """How the evaluation's arguments lie (the stacked variables; the data and initial variables) and
   on how many devices it runs."""
-  mesh = placement.mesh
+  mesh, first = placement.mesh, _first_device(placement)
   if placement.mode == "runs":
     return (lambda a: train.run_sharding(mesh)), (lambda a: train.replicated(mesh)), placement.devices
   if mesh is not None:
@@ -310,7 +315,6 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   except ValueError as e:
     raise UsageError(f"{tgt.name}: {e}") from None
   mesh, k = placement.mesh, placement.run_block
-  first = SingleDeviceSharding(sharding.devices()[0] if mesh is None else mesh.devices.flat[0])
   training = bench.training(method, stacked_runs)
   spc = settings.steps_per_call
   program_runs = k if k else n
@@ -329,7 +333,7 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
                   steps_per_call=spc, memory_per_device=memory, collectives=coll, compile_seconds=secs, **common)]
   # The evaluation during training, on the joined state of every run.
   eval_all, data = runner.evaluation(method, training, mesh), training.eval_data
-  var_spec, rest_spec, eval_devices = _eval_specs(placement, first)
+  var_spec, rest_spec, eval_devices = _eval_specs(placement)
   variables = _with_run_axis(one.variables, n)
   eval_args = (_abstract(variables, var_spec), None if data is None else _abstract(data, rest_spec),
                _abstract(variables, rest_spec))

@@ -74,14 +74,13 @@ class Training:
 
   Attributes:
     loss_fn: `loss_fn(variables, batch, rng) -> (loss, metrics)`.
-    batches: the host batch function `batch_fn(step, keys, part=(i, n))`, or `train.DeviceBatches`.
-    source: "host" or "device" (`batch_source`; results.json records it).
+    batches: the host batch function `batch_fn(step, keys, part=(i, n))`, or `train.DeviceBatches`,
+      as `batch_source` says (results.json records that source).
     eval_metrics: `metrics_fn(variables, data) -> dict of scalars` for one run.
     eval_data: the runs' stacked evaluation data (a leading run axis), or None.
   """
   loss_fn: train.LossFn
   batches: Any
-  source: str
   eval_metrics: Callable[[dict, Any], dict]
   eval_data: Any = None
 
@@ -119,9 +118,9 @@ class Benchmark:
     """What `runs` of `method` (and of the methods stacked with it) train on and are measured with
     (default: from `loss_fn`, `host_batches` or `device_batches` as `batch_source` says,
     `eval_metrics` and `eval_data`)."""
-    source = batch_source(self, method.settings)
-    batches = train.DeviceBatches(self.device_batches(runs)) if source == "device" else self.host_batches(runs)
-    return Training(self.loss_fn(method.model), batches, source, self.eval_metrics(method.model), self.eval_data(runs))
+    batches = (train.DeviceBatches(self.device_batches(runs)) if batch_source(self, method.settings) == "device"
+               else self.host_batches(runs))
+    return Training(self.loss_fn(method.model), batches, self.eval_metrics(method.model), self.eval_data(runs))
 
   def runs(self, seeds: Sequence[int]) -> list[Run]:
     """The runs of one method for `seeds` (default: one per seed)."""
