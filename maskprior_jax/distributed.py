@@ -20,12 +20,30 @@ from jax.sharding import Mesh
 
 from maskprior_jax.sharding import batch_sharding
 
-__all__ = ["initialize", "detect_cluster", "started", "is_main_process", "process_slice", "process_part",
+__all__ = ["initialize", "detect_cluster", "started", "heartbeat_timeout", "is_main_process", "process_slice", "process_part",
            "take_part", "global_batch", "barrier", "broadcast_flag", "host_tree"]
 
 
 MODES = ("auto", "on", "off")
 _started = "single process"
+HEARTBEAT_TIMEOUT = 10   # seconds without a heartbeat before the runtime calls a process lost
+
+
+def heartbeat_timeout() -> int:
+  """Seconds without a heartbeat after which JAX's runtime calls a process lost and ends the others:
+  $MASKPRIOR_HEARTBEAT_TIMEOUT, else `HEARTBEAT_TIMEOUT` (JAX's own default is 100)."""
+  value = os.environ.get("MASKPRIOR_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f"$MASKPRIOR_HEARTBEAT_TIMEOUT must be a whole number of seconds, not {value!r}")
+  return int(value)
+
+
+def _runtime_settings() -> dict:
+  """Keyword arguments of `jax.distributed.initialize` that the installed JAX takes (the heartbeat
+  timeout is an argument since JAX 0.7; older versions keep their own)."""
+  import inspect
+  params = inspect.signature(jax.distributed.initialize).parameters
+  return {"heartbeat_timeout_seconds": heartbeat_timeout()} if "heartbeat_timeout_seconds" in params else {}
 
 
 def detect_cluster() -> str | None:
@@ -78,10 +96,11 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   # CPU processes need a collectives backend for cross-process all-reduce (ignored by TPU and GPU).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator:
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                               **_runtime_settings())
     _started = "flags"
   else:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**_runtime_settings())
     _started = f"detected: {cluster}"
   return _started
 

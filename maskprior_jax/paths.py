@@ -18,3 +18,26 @@ def path(p: str | os.PathLike) -> epath.Path:
 def is_local(p: str | os.PathLike) -> bool:
   """Whether `p` is on the local file system (no `scheme://` prefix)."""
   return not _URI.match(os.fspath(p))
+
+
+# What epath needs to open each kind of cloud folder (TensorFlow's file system opens all of them),
+# and the package extra that installs it.
+_STORAGE = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", None)}
+
+
+class StorageError(ValueError):
+  """A cloud folder whose file-system package is not installed."""
+
+
+def check_storage(p: str | os.PathLike, flag: str = "--workdir") -> None:
+  """Raise StorageError (one line, naming the package and the extra that installs it) where `p` is
+  on cloud storage that nothing installed here can open; before any work is done."""
+  import importlib.util
+  scheme = os.fspath(p).split("://", 1)[0] if not is_local(p) else None
+  if scheme not in _STORAGE:
+    return
+  package, extra = _STORAGE[scheme]
+  if importlib.util.find_spec(package) is None and importlib.util.find_spec("tensorflow") is None:
+    how = f"pip install 'maskprior-jax[{extra}]'" if extra else f"pip install {package}"
+    raise StorageError(f"{flag} {os.fspath(p)} is on {scheme}:// storage, which needs {package} (not installed): "
+                       f"{how}")

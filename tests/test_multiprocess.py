@@ -229,3 +229,59 @@ def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
   c = _results(single)
   assert c["environment"]["placement"]["mask"]["mode"] == "single" and len(c["environment"]["devices"]) == 1
   assert [r["state_sha256"] for r in c["runs"]] == [r["state_sha256"] for r in a["runs"]]
+
+
+def _two_with_fault(workdir, port, victim, fault):
+  """The two-process ordered run with `MASKPRIOR_FAULT=fault` in process `victim` only."""
+  procs = []
+  for i in range(2):
+    env = {k: v for k, v in _env(2).items() if k != "MASKPRIOR_FAULT"}
+    if i == victim:
+      env["MASKPRIOR_FAULT"] = fault
+    procs.append(subprocess.Popen(_cmd(workdir, ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+                                                 "--process_id", str(i)], "ordered"),
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  return procs
+
+
+# JAX's runtime calls a process lost after distributed.HEARTBEAT_TIMEOUT (10 s) without a heartbeat;
+# the survivor must have ended by then, plus the time to stop and to write its line.
+LOST_BOUND_S = 10 + 15
+
+
+@pytest.mark.xdist_group("multiprocess_lost")
+@pytest.mark.parametrize("fault,victim", [("compile", 1), ("step:3", 0), ("eval:2", 1), ("save:2", 0)])
+def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_the_rerun_is_exact(
+    tmp_path_factory, tmp_path, fault, victim):
+  """One of two processes dies of SIGKILL (compile: before the first compiled call; step:3: mid-
+  training; eval:2: right after an evaluation; save:2: a checkpoint save begun, not on disk;
+  process 0 is the coordinator). The other ends within the bound, exit status 75, with one line of
+  its own that names the lost process, the checkpoint step on disk and the command to rerun, and no
+  C++ stack; the checkpoint it names is on disk, and rerunning both commands ends bit for bit on the
+  uninterrupted run's states."""
+  from maskprior_jax.bench import supervise
+  one_process = _one_process(tmp_path_factory, "ordered")
+  procs = _two_with_fault(tmp_path, _port(), victim, fault)
+  procs[victim].wait(timeout=600)
+  lost_at = time.monotonic()
+  survivor = procs[1 - victim]
+  out, err = survivor.communicate(timeout=300)
+  waited = time.monotonic() - lost_at
+  procs[victim].communicate()
+  assert procs[victim].returncode == -9
+  assert survivor.returncode == supervise.LOST_PROCESS, err[-3000:]
+  assert waited < LOST_BOUND_S, waited
+  assert "Check failure stack trace" not in err and "    @ " not in err and "Traceback" not in err, err[-3000:]
+  line = err.strip().splitlines()[-1]
+  assert line.startswith("maskprior: error: lost process ") and f"--process_id {1 - victim}" in line, line
+  assert ("process 0 (the coordinator)" if victim == 0 else "lost process 1 ") in line, line
+  assert "run the same command in every process: maskprior boolean" in line, line
+  steps = supervise.checkpoint_steps(str(tmp_path))
+  if steps:
+    assert f"{steps[0][0]} at step {steps[0][1]}" in line and steps[0][1] >= 25
+  else:
+    assert fault == "compile" and "no checkpoint on disk yet" in line
+  outs = _finish(_two(tmp_path, _port(), "ordered"))
+  assert ("resumed from the checkpoint at step" in outs[0][1]) == bool(steps)
+  res = _results(tmp_path)
+  assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]

@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 
 from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
-from maskprior_jax.bench import config as config_lib, console, workdir as workdir_lib
+from maskprior_jax.bench import config as config_lib, console, supervise, workdir as workdir_lib
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
 from maskprior_jax.bench.workdir import WorkdirBusy, reason
@@ -137,30 +136,27 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _start_processes(args) -> None:
-  """Join the other processes of a multi-process run (no-op for one process). Processes other
-  than 0 print nothing to stdout: process 0 writes and prints the results."""
-  from maskprior_jax import distributed
-  given = [args.coordinator_address, args.num_processes, args.process_id]
-  if any(v is not None for v in given) and args.coordinator_address is None:
-    raise ValueError("--num_processes/--process_id need --coordinator_address HOST:PORT")
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, mode=args.distributed)
-  if not distributed.is_main_process():
-    sys.stdout = open(os.devnull, "w")
-
-
 def main(argv: list[str] | None = None) -> int:
   console.configure_logging()
   as_program = argv is None   # the console script or `python -m` (in-process callers keep their stderr)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args([a for a in argv if not a.startswith("--config.")])
   args.overrides, args.argv = [a for a in argv if a.startswith("--config.")], argv
-  if args.command not in ("report", "compile"):
-    try:
-      _start_processes(args)
-    except (ValueError, RuntimeError) as e:
-      print(f"maskprior: error: cannot start the distributed runtime: {e}", file=sys.stderr)
-      return 2
+  try:
+    workdir_lib.check_storage(args)
+    if args.command not in ("report", "compile"):
+      if as_program and supervise.wanted(args):
+        return supervise.supervise(argv, args.workdir)   # several processes: the work runs watched
+      supervise.start_processes(args)
+  except (ValueError, RuntimeError) as e:
+    what = "" if isinstance(e, workdir_lib.StorageError) else "cannot start the distributed runtime: "
+    print(f"maskprior: error: {what}{e}", file=sys.stderr)
+    return 2
+  return supervise.child_exit(_dispatch(args, as_program)) if as_program else _dispatch(args, as_program)
+
+
+def _dispatch(args, as_program: bool) -> int:
+  """Run the subcommand; the errors a user can cause become one line and an exit status."""
   from maskprior_jax.bench.arithmetic.tasks import DataError
   from maskprior_jax.bench.boolean.tasks import TaskSpecError
   from maskprior_jax.bench.data import DataError as DatasetError
@@ -182,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
       console.to_devnull(sys.stdout.fileno())
     return 1
   except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
+    supervise.await_lost_process()
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
     print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
           file=sys.stderr)
@@ -194,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
           file=sys.stderr)
     return 130
+  except Exception:
+    supervise.await_lost_process()
+    raise
 
 
 if __name__ == "__main__":

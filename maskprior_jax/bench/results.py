@@ -294,12 +294,10 @@ class _EpathEventFactory:
 
 
 def _register_event_writer(scheme: str) -> None:
-  """Event files under `scheme://` go through epath, unless tensorboardX writes that scheme
-  itself (gs:// with google-cloud-storage installed, s3:// with boto3)."""
+  """Event files under `scheme://` go through epath, as every other run-folder file does (the same
+  file system and credentials), also where tensorboardX has a writer of its own for the scheme."""
   from tensorboardX import record_writer
-  native = (scheme == "gs" and record_writer.GCS_ENABLED) or (scheme == "s3" and record_writer.S3_ENABLED)
-  if not native:
-    record_writer.register_writer_factory(scheme, _EpathEventFactory())
+  record_writer.register_writer_factory(scheme, _EpathEventFactory())
 
 
 def mean_std(values: Sequence[float]) -> str:

@@ -14,7 +14,7 @@ per-process names, and damaged files set aside instead of stopping the run.
 Every run-folder path is an `etils.epath.Path` (`maskprior_jax.paths.path`), the type orbax uses, so a workdir may be
 local or on storage orbax writes to (`gs://...`, `s3://...`). On such storage (`is_local` false)
 there is no kernel lock and no rename: an object is published only when its upload completes, so
-writes go straight to the object, and the lock is advisory (a record, see `WorkdirLock`).
+writes go straight to the object, and the lock is a record its holder refreshes (see `WorkdirLock`).
 """
 from __future__ import annotations
 
@@ -22,17 +22,21 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any, Callable
 
 from etils import epath
 
-from maskprior_jax.paths import is_local, path
+from maskprior_jax.paths import StorageError, is_local, path
 
-__all__ = ["LOCK_NAME", "WorkdirBusy", "WorkdirLock", "is_local", "path", "read_json", "read_jsonl", "reason",
+__all__ = ["LOCK_NAME", "StorageError", "WorkdirBusy", "WorkdirLock", "check_storage", "is_local", "path", "read_json", "read_jsonl", "reason",
            "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
 
 LOCK_NAME = ".maskprior.lock"
+REMOTE_REFRESH_S = 30   # on cloud storage, the lock's holder rewrites its record this often
+REMOTE_STALE_S = 120    # and a record not rewritten for this long is a command that no longer runs
+REMOTE_SETTLE_S = 1.0   # after writing its record, a command reads it back this much later
 
 
 class WorkdirBusy(ValueError):
@@ -48,28 +52,52 @@ class WorkdirLock:
   """One command per run folder. `acquire()` creates the folder if needed and takes the lock, or
   raises WorkdirBusy naming the holder; `release()` (or leaving the `with` block) clears it.
 
-  On cloud storage no process can hold a lock that dies with it, so the lock is the record alone:
-  a record left by another command (still running, or stopped without releasing) is named in a
-  one-line warning and taken over; the user stops one of the two if both are running."""
+  On cloud storage no process can hold a lock that dies with it, so the lock is the record alone,
+  rewritten by its holder every `REMOTE_REFRESH_S` seconds. A second command stops with one line
+  naming the holder while the holder still runs: on this host, while its process exists;
+  elsewhere, while its record is younger than `REMOTE_STALE_S`. A record older than that, or left
+  by a process gone from this host, is named in a one-line note and taken over. Two commands
+  that write their records at the same moment: the one whose record is read back holds the folder,
+  the other stops."""
 
   def __init__(self, workdir: str | os.PathLike, command: str, stream=None):
     self.path = path(workdir) / LOCK_NAME
     self.command, self.stream, self.fd, self.remote = command, stream or sys.stderr, None, False
 
   def _record(self) -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": self.command}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": self.command, "refreshed": time.time(), "token": os.urandom(8).hex()}
 
   def _acquire_remote(self) -> "WorkdirLock":
     self.path.parent.mkdir(parents=True, exist_ok=True)
     left = _parse_holder(self.path.read_bytes()) if self.path.exists() else {}
     if left:
-      print(f"maskprior: warning: {self.path.parent} holds the lock record of {_holder_text(left)}; cloud "
-            "storage cannot tell whether it still runs: taking it over (stop one command if both are running)",
-            file=self.stream)
-    self.path.write_text(json.dumps(self._record()))
-    self.remote = True
+      running = _still_running(left)
+      if running:
+        raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(left)}; {running}; wait for it to "
+                          "finish, or use another --workdir")
+      print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, which no longer runs "
+            f"(no process {left.get('pid')} on this host, or its record not refreshed for {REMOTE_STALE_S} s); "
+            "taking it over", file=self.stream)
+    mine = self._record()
+    self.path.write_text(json.dumps(mine))
+    time.sleep(REMOTE_SETTLE_S)   # two commands that wrote at once: the last write holds the folder
+    now = _parse_holder(self.path.read_bytes())
+    if now.get("token") != mine["token"]:
+      raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(now)}, which took it at the same "
+                        "moment; wait for it to finish, or use another --workdir")
+    self.remote, self._stop = True, threading.Event()
+    threading.Thread(target=self._refresh, args=(mine,), daemon=True).start()
     return self
+
+  def _refresh(self, record: dict) -> None:
+    """Rewrite the record every REMOTE_REFRESH_S seconds while the lock is held: a record older
+    than REMOTE_STALE_S belongs to a command that no longer runs."""
+    while not self._stop.wait(REMOTE_REFRESH_S):
+      try:
+        self.path.write_text(json.dumps({**record, "refreshed": time.time()}))
+      except OSError:   # storage unreachable for a moment: the next refresh tries again
+        continue
 
   def acquire(self) -> "WorkdirLock":
     if not is_local(self.path):
@@ -98,6 +126,7 @@ class WorkdirLock:
 
   def release(self) -> None:
     if self.remote:
+      self._stop.set()
       self.path.write_text("")   # an empty record: released cleanly
       self.remote = False
     if self.fd is None:
@@ -113,6 +142,22 @@ class WorkdirLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+def _still_running(holder: dict) -> str:
+  """Why a lock record left on cloud storage belongs to a command that still runs ("" if it does
+  not): on this host its process exists; elsewhere its record was refreshed in the last
+  REMOTE_STALE_S seconds (the hosts' clocks agree to within seconds, as NTP keeps them)."""
+  if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+    try:
+      os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+      return ""
+    except PermissionError:   # another user's process: it exists
+      pass
+    return "its process runs on this host"
+  age = time.time() - float(holder.get("refreshed", 0) or 0)
+  return f"its record was refreshed {max(age, 0):.0f} s ago" if age < REMOTE_STALE_S else ""
 
 
 def _parse_holder(data: bytes) -> dict:
@@ -191,11 +236,26 @@ def write_figure(fig, p: str | os.PathLike, dpi: int = 110) -> None:
     p.write_bytes(buf.getvalue())
 
 
+def check_storage(args) -> None:
+  """Every cloud folder a command names (its --workdir; report's folders, --out and --markdown)
+  can be opened here: a `paths.StorageError` naming the missing package otherwise, before any work."""
+  from maskprior_jax.paths import check_storage as check
+  named = [("a run folder", d) for d in args.dirs] + [("--out", args.out), ("--markdown", args.markdown)] \
+      if args.command == "report" else [("--workdir", getattr(args, "workdir", None))]
+  for flag, value in named:
+    if value:
+      check(value, flag)
+
+
 def set_aside(p: str | os.PathLike, why: str, stream=None) -> epath.Path:
   """Rename a damaged file `<name>.damaged-<time>` (nothing is deleted) and say so in one line."""
   p = path(p)
   aside = p.with_name(f"{p.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-  p.replace(aside)
+  if is_local(p):
+    p.replace(aside)
+  else:   # cloud storage has no rename: a copy, then the original removed
+    aside.write_bytes(p.read_bytes())
+    p.unlink()
   print(f"maskprior: warning: {p} is unreadable ({why}); moved to {aside.name}, continuing from what "
         "is intact", file=stream or sys.stderr)
   return aside
