@@ -10,8 +10,9 @@ was lost, the checkpoint steps on disk, and the command that resumes; exit statu
 unchanged; its own exit status, or the signal it died of, is the watcher's.
 
 The child dies with its watcher (`PR_SET_PDEATHSIG`: a SIGKILL to the command kills the work),
-and SIGTERM, SIGINT and SIGHUP sent to the watcher are handed to the child, so a scheduler's
-SIGTERM still reaches JAX's preemption service. `MASKPRIOR_RUNTIME_LOG=1` shows the runtime's
+SIGTERM and SIGHUP sent to the watcher are handed to the child, so a scheduler's SIGTERM still
+reaches JAX's preemption service, and Ctrl-C reaches the child from the terminal (the watcher
+ignores it). `MASKPRIOR_RUNTIME_LOG=1` shows the runtime's
 report as it comes.
 """
 from __future__ import annotations
@@ -142,8 +143,7 @@ class _Filter:
   def _hide(self, line: bytes) -> bool:
     m = _ABSL.match(line)
     if m:
-      self._hiding = bool(_RUNTIME_SOURCES.search(m.group("file"))) or (
-          self._hiding and line[:1] in b"EF" and b"heartbeat" in line)
+      self._hiding = bool(_RUNTIME_SOURCES.search(m.group("file")))
     elif line.startswith(_STACK):
       self._hiding = True
     elif self._hiding and line.startswith((b"maskprior", b"[")):
@@ -165,6 +165,7 @@ class _Filter:
         self._emit(line)
     if buf:
       self._emit(buf)
+    os.close(self.src)
 
   def _emit(self, line: bytes):
     if self._hide(line):
@@ -199,7 +200,8 @@ def supervise(argv: list[str], workdir: str, stderr=None) -> int:
   os.close(write)
   filt = _Filter(read, stderr, show)
   forward = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
-             for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+             for s in (signal.SIGTERM, signal.SIGHUP)}
+  forward[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the child itself
   try:
     rc = child.wait()
   finally:
