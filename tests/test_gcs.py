@@ -46,11 +46,13 @@ def test_a_gs_folder_without_the_gcs_extra_is_one_line_naming_the_extra(command)
 
 def test_a_lock_record_on_cloud_storage_holds_while_its_holder_runs():
   """The rules that decide whether a record left on cloud storage still holds its folder."""
-  host = socket.gethostname()
-  assert W._still_running({"host": host, "pid": os.getpid()}) == "its process runs on this host"
+  host, now = socket.gethostname(), time.time()
+  assert W._still_running({"host": host, "pid": os.getpid(), "refreshed": now}) == "its process runs on this host"
+  # a record this old names a process that no longer holds the folder, whatever now has its PID
+  assert W._still_running({"host": host, "pid": os.getpid(), "refreshed": now - W.REMOTE_STALE_S - 1}) == ""
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  assert W._still_running({"host": host, "pid": dead.pid}) == ""
+  assert W._still_running({"host": host, "pid": dead.pid, "refreshed": now}) == ""
   fresh = {"host": "elsewhere", "pid": 1, "refreshed": time.time() - 5}
   assert W._still_running(fresh).startswith("its record was refreshed")
   assert W._still_running({**fresh, "refreshed": time.time() - W.REMOTE_STALE_S - 1}) == ""

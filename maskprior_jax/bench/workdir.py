@@ -54,9 +54,9 @@ class WorkdirLock:
 
   On cloud storage no process can hold a lock that dies with it, so the lock is the record alone,
   rewritten by its holder every `REMOTE_REFRESH_S` seconds. A second command stops with one line
-  naming the holder while the holder still runs: on this host, while its process exists;
-  elsewhere, while its record is younger than `REMOTE_STALE_S`. A record older than that, or left
-  by a process gone from this host, is named in a one-line note and taken over. Two commands
+  naming the holder while the holder still runs: while its record is younger than `REMOTE_STALE_S`
+  and, on this host, its process exists. A record older than that, or left by a process gone from
+  this host, is named in a one-line note and taken over. Two commands
   that write their records at the same moment: the one whose record is read back holds the folder,
   the other stops."""
 
@@ -146,8 +146,11 @@ class WorkdirLock:
 
 def _still_running(holder: dict) -> str:
   """Why a lock record left on cloud storage belongs to a command that still runs ("" if it does
-  not): on this host its process exists; elsewhere its record was refreshed in the last
-  REMOTE_STALE_S seconds (the hosts' clocks agree to within seconds, as NTP keeps them)."""
+  not): its record was refreshed in the last REMOTE_STALE_S seconds (the hosts' clocks agree to
+  within seconds, as NTP keeps them) and, where it was written on this host, its process exists."""
+  age = time.time() - float(holder.get("refreshed", 0) or 0)
+  if age >= REMOTE_STALE_S:
+    return ""
   if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
     try:
       os.kill(holder["pid"], 0)
@@ -156,8 +159,7 @@ def _still_running(holder: dict) -> str:
     except PermissionError:   # another user's process: it exists
       pass
     return "its process runs on this host"
-  age = time.time() - float(holder.get("refreshed", 0) or 0)
-  return f"its record was refreshed {max(age, 0):.0f} s ago" if age < REMOTE_STALE_S else ""
+  return f"its record was refreshed {max(age, 0):.0f} s ago"
 
 
 def _parse_holder(data: bytes) -> dict:
