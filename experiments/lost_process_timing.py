@@ -17,14 +17,13 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from cli_args import SMALL_BOOLEAN  # noqa: E402
+from cli_args import SMALL_BOOLEAN, free_port  # noqa: E402
 
 ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.data_parallel=True",
         "--config.train.steps=100", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
@@ -33,18 +32,12 @@ ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--confi
 CASES = ["compile/1", "step:3/0", "eval:2/1", "save:2/0", "kill/1", "kill/0"]
 
 
-def _port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def measure(case: str, root: pathlib.Path) -> dict:
   moment, victim = case.rsplit("/", 1)
   victim = int(victim)
   work = root / case.replace("/", "_").replace(":", "")
   shutil.rmtree(work, ignore_errors=True)
-  port, procs = _port(), []
+  port, procs = free_port(), []
   for i in range(2):
     env = {k: v for k, v in os.environ.items() if k != "MASKPRIOR_FAULT"}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")

@@ -20,8 +20,8 @@ from jax.sharding import Mesh
 
 from maskprior_jax.sharding import batch_sharding
 
-__all__ = ["initialize", "detect_cluster", "started", "heartbeat_timeout", "is_main_process", "process_slice", "process_part",
-           "take_part", "global_batch", "barrier", "broadcast_flag", "host_tree"]
+__all__ = ["initialize", "detect_cluster", "started", "heartbeat_timeout", "is_main_process", "process_slice",
+           "process_part", "take_part", "global_batch", "barrier", "broadcast_flag", "host_tree"]
 
 
 MODES = ("auto", "on", "off")

@@ -1,20 +1,14 @@
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cli_args import free_port
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _env(devices):
@@ -28,7 +22,7 @@ def test_two_processes_agree_with_one(tmp_path):
   subprocess.run([sys.executable, str(WORKER), str(ref)], env=_env(4), check=True, timeout=300,
                  capture_output=True)
   out = tmp_path / "two.json"
-  coord = f"127.0.0.1:{_free_port()}"
+  coord = f"127.0.0.1:{free_port()}"
   procs = [subprocess.Popen([sys.executable, str(WORKER), str(out), coord, "2", str(i)], env=_env(2),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   for p in procs:

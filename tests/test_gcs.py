@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from cli_args import SMALL_BOOLEAN
+from cli_args import SMALL_BOOLEAN, free_port
 
 from maskprior_jax.bench import workdir as W
 
@@ -60,17 +60,12 @@ def test_a_lock_record_on_cloud_storage_holds_while_its_holder_runs():
 
 
 # ----------------------------------------------------------------------------- the emulator (slow)
-def _port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
   """fake-gcs-server on 127.0.0.1 with one bucket, "runs"; yields the environment that points
   gcsfs and tensorstore at it."""
-  port = _port()
+  port = free_port()
   url = f"http://127.0.0.1:{port}"
   # gcsfs's experimental bucket-type lookup (a gRPC call the emulator does not serve) switched off
   env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}

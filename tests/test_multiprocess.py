@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from cli_args import SMALL_BOOLEAN
+from cli_args import SMALL_BOOLEAN, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,6 @@ ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--confi
 # differences grow at most about linearly over these few steps; 10x that bound is the tolerance.
 # With train.grad_reduction=ordered the sum's order is fixed, and the runs must agree bit for bit.
 RTOL = 10 * STEPS * 2.0 ** -23
-
-
-def _port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _env(devices):
@@ -84,7 +78,7 @@ def _one_process(tmp_path_factory, reduction):
 def _two_processes(tmp_path_factory, reduction):
   if ("two", reduction) not in _RUNS:
     work = tmp_path_factory.mktemp(f"two_{reduction}")
-    _RUNS["two", reduction] = work, _finish(_two(work, _port(), reduction))
+    _RUNS["two", reduction] = work, _finish(_two(work, free_port(), reduction))
   return _RUNS["two", reduction]
 
 
@@ -122,7 +116,7 @@ def _wait_for_checkpoint(procs, ckpt, step):
 
 def _kill_two_after_a_checkpoint(tmp_path, reduction):
   """Start the two-process run, SIGKILL both processes once a checkpoint (step >= 25) exists."""
-  procs = _two(tmp_path, _port(), reduction)
+  procs = _two(tmp_path, free_port(), reduction)
   _wait_for_checkpoint(procs, tmp_path / "checkpoints" / "mask" / "seeds_0_1", 25)
   for p in procs:
     p.send_signal(signal.SIGKILL)
@@ -214,7 +208,7 @@ def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
   subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(single)],
                  env=_env(1), check=True, capture_output=True, timeout=900)
   two = tmp_path / "two"
-  port = _port()
+  port = free_port()
   procs = [subprocess.Popen([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(two),
                              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
                              "--process_id", str(i)], env=_env(4), stdout=subprocess.PIPE,
@@ -261,7 +255,7 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
   uninterrupted run's states."""
   from maskprior_jax.bench import supervise
   one_process = _one_process(tmp_path_factory, "ordered")
-  procs = _two_with_fault(tmp_path, _port(), victim, fault)
+  procs = _two_with_fault(tmp_path, free_port(), victim, fault)
   procs[victim].wait(timeout=600)
   lost_at = time.monotonic()
   survivor = procs[1 - victim]
@@ -281,7 +275,7 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
     assert f"{steps[0][0]} at step {steps[0][1]}" in line and steps[0][1] >= 25
   else:
     assert fault == "compile" and "no checkpoint on disk yet" in line
-  outs = _finish(_two(tmp_path, _port(), "ordered"))
+  outs = _finish(_two(tmp_path, free_port(), "ordered"))
   assert ("resumed from the checkpoint at step" in outs[0][1]) == bool(steps)
   res = _results(tmp_path)
   assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]

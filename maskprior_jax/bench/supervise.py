@@ -12,8 +12,7 @@ unchanged; its own exit status, or the signal it died of, is the watcher's.
 The child dies with its watcher (`PR_SET_PDEATHSIG`: a SIGKILL to the command kills the work),
 SIGTERM and SIGHUP sent to the watcher are handed to the child, so a scheduler's SIGTERM still
 reaches JAX's preemption service, and Ctrl-C reaches the child from the terminal (the watcher
-ignores it). `MASKPRIOR_RUNTIME_LOG=1` shows the runtime's
-report as it comes.
+ignores it). `MASKPRIOR_RUNTIME_LOG=1` shows the runtime's report as it comes.
 """
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ import tempfile
 import threading
 import time
 
-__all__ = ["LOST_PROCESS", "CHILD_ENV", "start_processes", "wanted", "supervise", "in_child", "child_exit", "await_lost_process",
-           "lost_process", "checkpoint_steps"]
+__all__ = ["LOST_PROCESS", "CHILD_ENV", "start_processes", "wanted", "supervise", "in_child", "child_exit",
+           "await_lost_process", "lost_process", "checkpoint_steps"]
 
 LOST_PROCESS = 75
 CHILD_ENV = "MASKPRIOR_SUPERVISED"

@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 from etils import epath
 
-from maskprior_jax.paths import StorageError, is_local, path
+from maskprior_jax.paths import StorageError, check_storage as check_path, is_local, path
 
-__all__ = ["LOCK_NAME", "StorageError", "WorkdirBusy", "WorkdirLock", "check_storage", "is_local", "path", "read_json", "read_jsonl", "reason",
-           "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
+__all__ = ["LOCK_NAME", "StorageError", "WorkdirBusy", "WorkdirLock", "check_storage", "is_local", "path",
+           "read_json", "read_jsonl", "reason", "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
 
 LOCK_NAME = ".maskprior.lock"
 REMOTE_REFRESH_S = 30   # on cloud storage, the lock's holder rewrites its record this often
@@ -56,9 +56,8 @@ class WorkdirLock:
   rewritten by its holder every `REMOTE_REFRESH_S` seconds. A second command stops with one line
   naming the holder while the holder still runs: while its record is younger than `REMOTE_STALE_S`
   and, on this host, its process exists. A record older than that, or left by a process gone from
-  this host, is named in a one-line note and taken over. Two commands
-  that write their records at the same moment: the one whose record is read back holds the folder,
-  the other stops."""
+  this host, is named in a one-line note and taken over. Two commands that write their records at
+  the same moment: the one whose record is read back holds the folder, the other stops."""
 
   def __init__(self, workdir: str | os.PathLike, command: str, stream=None):
     self.path = path(workdir) / LOCK_NAME
@@ -241,12 +240,11 @@ def write_figure(fig, p: str | os.PathLike, dpi: int = 110) -> None:
 def check_storage(args) -> None:
   """Every cloud folder a command names (its --workdir; report's folders, --out and --markdown)
   can be opened here: a `paths.StorageError` naming the missing package otherwise, before any work."""
-  from maskprior_jax.paths import check_storage as check
   named = [("a run folder", d) for d in args.dirs] + [("--out", args.out), ("--markdown", args.markdown)] \
       if args.command == "report" else [("--workdir", getattr(args, "workdir", None))]
   for flag, value in named:
     if value:
-      check(value, flag)
+      check_path(value, flag)
 
 
 def set_aside(p: str | os.PathLike, why: str, stream=None) -> epath.Path:
