@@ -60,11 +60,26 @@ def mimetic(params: dict, rng: np.random.Generator, *, alpha: float = 0.7, beta:
 
 
 def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, *,
-           steps: int = 300, learning_rate: float = 1e-2) -> tuple[dict, float]:
+           steps: int = 300, learning_rate: float = 1e-2, batch_size: int | None = None,
+           seed: int = 0) -> tuple[dict, float]:
   """Fit every layer's query/key weights so that attention ~ `target` (heads, q, kv).
 
-  Minimizes the mean KL(target || attention) over `inputs`. Returns the new variables and the
-  final mean total-variation distance between attention rows and target rows.
+  Minimizes the mean KL(target || attention) with Adam, the other weights fixed.
+
+  Args:
+    apply_fn: the model's apply function; its attention layers sow their weights.
+    variables: the model's variables (a "params" collection holding "query" and "key" kernels).
+    inputs: (N, ...) model inputs the fit is made on.
+    target: (heads, q, kv) attention pattern, each row summing to 1.
+    steps: Adam steps.
+    learning_rate: Adam's rate.
+    batch_size: inputs per step, drawn without replacement from `inputs` by a generator keyed by
+      `seed`; None (or at least N): every input at every step.
+    seed: the draw of those batches.
+
+  Returns:
+    (variables with the fitted query/key weights, the final mean total-variation distance between
+    attention rows and target rows over `inputs`).
   """
   flat = flax.traverse_util.flatten_dict(variables["params"])
   is_qk = {k: len(k) >= 2 and k[-2] in ("query", "key") for k in flat}
@@ -75,22 +90,33 @@ def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, 
   def merged(tr):
     return {**variables, "params": flax.traverse_util.unflatten_dict({**frozen, **tr})}
 
-  def loss(tr):
-    maps = attention_maps(apply_fn, merged(tr), inputs)
+  def loss(tr, x):
+    maps = attention_maps(apply_fn, merged(tr), x)
     kl = [jnp.sum(target * (jnp.log(target + 1e-9) - jnp.log(a + 1e-9)), -1).mean() for a in maps]
     return jnp.mean(jnp.stack(kl))
 
   tx = optax.adam(learning_rate)
-
-  @jax.jit
-  def step(tr, opt):
-    g = jax.grad(loss)(tr)
-    upd, opt = tx.update(g, opt, tr)
-    return optax.apply_updates(tr, upd), opt
-
   opt = tx.init(trainable)
-  for _ in range(steps):
-    trainable, opt = step(trainable, opt)
+  n = len(inputs)
+  if batch_size is None or batch_size >= n:
+    @jax.jit
+    def step(tr, opt):
+      g = jax.grad(loss)(tr, inputs)
+      upd, opt = tx.update(g, opt, tr)
+      return optax.apply_updates(tr, upd), opt
+
+    for _ in range(steps):
+      trainable, opt = step(trainable, opt)
+  else:
+    @jax.jit
+    def batch_step(tr, opt, x):
+      g = jax.grad(loss)(tr, x)
+      upd, opt = tx.update(g, opt, tr)
+      return optax.apply_updates(tr, upd), opt
+
+    rng, pool = np.random.default_rng(seed), np.asarray(inputs)
+    for _ in range(steps):
+      trainable, opt = batch_step(trainable, opt, pool[rng.choice(n, batch_size, replace=False)])
   out = merged(trainable)
   maps = attention_maps(apply_fn, out, inputs)
   tv = float(np.mean([0.5 * jnp.abs(a - target).sum(-1).mean() for a in maps]))

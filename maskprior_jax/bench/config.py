@@ -142,7 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
   model.attention: "xla", "cudnn" or "auto" (cuDNN on a GPU where it can); see results.json "attention".
   model.dtype: "float32", or "bfloat16" (computations in bfloat16; parameters, the mask prior and the
     optimizer state stay float32, the prior is added in the logits' dtype; `compute_dtype`).
-  qk, mimetic: the baselines' settings.
+  qk, mimetic: the baselines' settings. qk.fit_inputs: 0 fits qk on the evaluation's probe inputs, all
+    of them at every step; N > 0 on N inputs of its own, drawn from the run's seed alone
+    (`Benchmark.qk_fit_inputs`; Boolean), qk.fit_batch of them per step.
   """
   c = ml_collections.ConfigDict()
   c.train = dict(steps=1500, batch_size=64, learning_rate=1e-3, optimizer="adamw", weight_decay=0.0,
@@ -153,7 +155,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = dict(every_steps=500, max_to_keep=2)
   c.prior = dict(mode="learned", mask_lr_multiplier=1.0)
   c.model = dict(attention="auto", dtype="float32")
-  c.qk = dict(fit_steps=300, fit_learning_rate=1e-2)
+  c.qk = dict(fit_steps=300, fit_learning_rate=1e-2, fit_inputs=0, fit_batch=256)
   c.mimetic = dict(alpha=0.7, beta=0.7, alpha_v=0.4, beta_v=0.4)
   return c
 
@@ -191,6 +193,7 @@ LATER_KEYS = {
     # bits either way.
     "train.stack_methods": "auto",
     "model.dtype": "float32",
+    "qk.fit_inputs": 0, "qk.fit_batch": 256,
 }
 
 

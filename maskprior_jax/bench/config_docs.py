@@ -65,6 +65,8 @@ KEY_DOCS = {
     # baselines
     "qk.fit_steps": "steps fitting queries and keys to the prior's pattern (method `qk`)",
     "qk.fit_learning_rate": "learning rate of that fit",
+    "qk.fit_inputs": "inputs that fit is made on: `0`, the evaluation's probe; `N`, N inputs drawn from the run's seed alone (Boolean)",
+    "qk.fit_batch": "inputs per step of that fit when `qk.fit_inputs` > 0 (with 0: the whole probe at every step)",
     "mimetic.alpha": "mimetic initialisation: Wq Wkᵀ ≈ alpha I + beta Z",
     "mimetic.beta": "mimetic initialisation: the noise scale of Wq Wkᵀ",
     "mimetic.alpha_v": "mimetic initialisation: Wv Wo ≈ alpha_v I + beta_v Z",

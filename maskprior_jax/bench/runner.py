@@ -135,6 +135,13 @@ class Benchmark:
     del method
     return self.probe
 
+  def qk_fit_inputs(self, seed: int):
+    """The inputs the qk method's query/key weights are fitted on for the run of `seed` (default: the
+    probe's inputs, `qk.fit_inputs` 0). A benchmark that draws inputs of its own for `qk.fit_inputs`
+    N > 0, independent of the evaluation's settings, overrides this."""
+    del seed
+    return self.probe.inputs
+
   def settings_for(self, method: str) -> train.LoopSettings:
     """The loop settings a method trains with (default: `settings`; e.g. a fixed-bias control
     freezes its mask)."""
@@ -215,7 +222,7 @@ class Command:
 def initial_variables(method: Method | str, model, bench: Benchmark, seed: int) -> tuple[dict, dict]:
   """One run's starting variables for a method (a `Method`, or its name): `model.init`, then for
   "mimetic" the mimetic QK/VO weights (cfg.mimetic), for "qk" query/key weights fitted so that the
-  initial attention on the probe inputs matches the prior's pattern (cfg.qk). The other methods
+  initial attention on `Benchmark.qk_fit_inputs` matches the prior's pattern (cfg.qk). The other methods
   differ only in the model (the mask model carries its prior). Returns (variables, info)."""
   name, init = (method.name, method.init) if isinstance(method, Method) else (method, bench.init_method(method))
   variables = bench.seed_variables(name, model.init(jax.random.key(seed), bench.sample_input), seed)
@@ -226,8 +233,10 @@ def initial_variables(method: Method | str, model, bench: Benchmark, seed: int) 
         variables["params"], np.random.default_rng(seed), alpha=m.alpha, beta=m.beta,
         alpha_v=m.alpha_v, beta_v=m.beta_v)}
   elif init == "qk":
-    variables, tv = baselines.fit_qk(model.apply, variables, bench.probe.inputs, bench.probe.target_attn,
-                                     steps=bench.cfg.qk.fit_steps, learning_rate=bench.cfg.qk.fit_learning_rate)
+    q = bench.cfg.qk
+    variables, tv = baselines.fit_qk(model.apply, variables, bench.qk_fit_inputs(seed), bench.probe.target_attn,
+                                     steps=q.fit_steps, learning_rate=q.fit_learning_rate,
+                                     batch_size=q.get("fit_batch", 256) if _qk_fit_inputs(bench.cfg) else None, seed=seed)
     info["qk_fit_tv"] = tv
   return variables, info
 
@@ -406,6 +415,10 @@ def train_method(methods: str | Method | Sequence[str | Method], model, bench: B
   return distributed.host_tree(state), history, [i for _, i in inits], placement
 
 
+def _qk_fit_inputs(cfg) -> int:
+  return int(cfg.qk.get("fit_inputs", 0)) if "qk" in cfg else 0
+
+
 def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: str | os.PathLike, log=print,
         progress: results_lib.RunProgress | None = None) -> dict:
   """Train every method for every seed not yet in `workdir`'s results.json, record each run as it
@@ -415,6 +428,10 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
   if bench.settings.batches == "device" and type(bench).device_batches is Benchmark.device_batches:
     from maskprior_jax.bench.config import ConfigError
     raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")
+  if _qk_fit_inputs(bench.cfg) and type(bench).qk_fit_inputs is Benchmark.qk_fit_inputs:
+    from maskprior_jax.bench.config import ConfigError
+    raise ConfigError(f"qk.fit_inputs={bench.cfg.qk.fit_inputs}: the {bench.kind} benchmark fits qk on its probe only; "
+                      "set qk.fit_inputs=0")
   results = results_lib.open_results(workdir, bench.cfg, bench.digest(), bench.kind, bench.header())
   progress = progress or results_lib.RunProgress(len(methods), label=bench.name)
   todo = {}

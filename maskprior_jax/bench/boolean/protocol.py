@@ -245,8 +245,14 @@ def select_dropin(table: dict[str, dict[str, list[float | None]]], bounds: dict[
 # Part 1, a qk baseline independent of the evaluation's sample. The qk initialization is fitted on
 # inputs of its own (`qk.fit_inputs` points of the cube, drawn by `run.qk_fit_points` from a generator
 # keyed by the run's seed and a draw index only), no longer on the evaluation's probe.
-# - Exploration (`experiments/boolean_qk_probe.py`): EXPLORATION_TASKS, EXPLORATION_SEEDS, each size of
-#   QK_FIT_SIZES, two draws per (size, seed). Measured on QK_HELDOUT points drawn from a third stream
+# - Exploration (`experiments/boolean_qk_probe.py`): the supports of EXPLORATION_TASKS at n = QK_EXPLORATION_N
+#   (the headline's size: at their own n = 8 the cube has 256 points, and any draw covers most of it; the
+#   fit reads only n and the supports), EXPLORATION_SEEDS, each size of QK_FIT_SIZES, two draws per
+#   (size, seed). Each fit is the qk method's (300 Adam steps) on batches of QK_FIT_BATCH inputs drawn from
+#   its inputs (at 256, all of them at every step, as before), so that its cost does not grow with the
+#   size. (Amended before the exploration ran: one timing try of the whole-batch fit, e_parity3 seed 100,
+#   took 43 s for two fits of 256 and over 4 minutes for 4,096, about 3 hours for the exploration.)
+#   Measured on QK_HELDOUT points drawn from a third stream
 #   (never fitted on), averaged over layers, heads, query rows and points: (a) the total-variation
 #   distance of the fitted initial attention to the prior's pattern (the fit where it was not fitted),
 #   (b) the total-variation distance between the two draws' fitted attention (how much the fit moves
@@ -256,7 +262,9 @@ def select_dropin(table: dict[str, dict[str, list[float | None]]], bounds: dict[
 #   qualifies. The confirmation then reruns the qk row of the headline (the five tasks, seeds 0-4)
 #   once with the chosen size; the other methods' committed runs are left as they are.
 QK_FIT_SIZES = (256, 1024, 4096)
+QK_EXPLORATION_N = 15
 QK_HELDOUT = 4096
+QK_FIT_BATCH = 256
 QK_STABLE = 0.01
 
 

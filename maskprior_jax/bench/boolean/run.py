@@ -44,6 +44,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                   "eval.num_points", "eval.fit_threshold"])
   learning_rate(cfg, "")
   task_sizes(cfg)
+  if not isinstance(cfg.qk.fit_inputs, int) or cfg.qk.fit_inputs < 0:
+    raise ConfigError(f"qk.fit_inputs must be 0 (the evaluation's probe) or a number of inputs, not {cfg.qk.fit_inputs!r}")
   if not 0.0 <= cfg.prior.corruption <= 1.0:
     raise ConfigError(f"prior.corruption must be in [0, 1], not {cfg.prior.corruption}")
   if cfg.prior.corruption and cfg.prior.layers == "layered":
@@ -150,6 +152,18 @@ def to_ids(x: np.ndarray) -> np.ndarray:
   return (np.asarray(x) > 0).astype(np.int32)
 
 
+# The qk fit's own generator: its inputs depend on the run's seed (and a draw index) only.
+QK_STREAM = 0x716B
+
+
+def qk_fit_points(n: int, size: int, seed: int, draw: int = 0) -> np.ndarray:
+  """`size` points of the cube {-1, +1}^n (uniform, with replacement) that the qk method's run of
+  `seed` is fitted on (`qk.fit_inputs`): drawn from a generator keyed by the seed, QK_STREAM and
+  `draw` alone, so that no evaluation setting moves them. Returns int8 (size, n)."""
+  rng = np.random.default_rng([seed, QK_STREAM, draw])
+  return (1 - 2 * rng.integers(0, 2, (size, n))).astype(np.int8)
+
+
 def learning_rate(cfg, task_name: str) -> float:
   """train.learning_rate, unless train.learning_rate_by_task ("task=lr,task=lr") names the task."""
   return _by_task(cfg, "train.learning_rate_by_task", float).get(task_name, cfg.train.learning_rate)
@@ -231,6 +245,12 @@ class BooleanTask(runner.Benchmark):
         raise ConfigError("prior.corruption needs prior.layers 'all' or 'first' (one pattern for every layer)")
       return pattern.astype(leaf.dtype)
     return {**variables, MASK_PRIOR: jax.tree.map(swap, variables[MASK_PRIOR])}
+
+  def qk_fit_inputs(self, seed: int, draw: int = 0):
+    """qk's fit inputs for the run of `seed` (token ids): `qk.fit_inputs` points of the cube from
+    `qk_fit_points`, or with 0 the evaluation's probe (as before 0.4)."""
+    size = self.cfg.qk.fit_inputs
+    return to_ids(qk_fit_points(self.task.n, size, seed, draw)) if size else self.probe.inputs
 
   def probe_for(self, method: str) -> runner.Probe:
     design = boolean_methods.design_of(method)

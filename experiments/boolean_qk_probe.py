@@ -1,0 +1,114 @@
+"""Round 5 of the Boolean protocol, part 1: how many inputs the qk baseline's fit needs
+(`protocol.QK_FIT_SIZES`), by the rule `protocol.select_qk_fit_size`, written before this ran.
+
+  python experiments/boolean_qk_probe.py --out experiments/results/boolean_qk_probe
+
+For each exploration task (its supports at n = `protocol.QK_EXPLORATION_N`), exploration seed, size
+and two draws (`run.qk_fit_points` draws 0 and 1), the qk model's query/key weights are fitted as the
+qk method fits them (`baselines.fit_qk`, the built-in config's steps and rate, batches of
+`protocol.QK_FIT_BATCH`), then measured on
+`protocol.QK_HELDOUT` points of a third draw, never fitted on: (a) the total-variation distance of the
+fitted attention to the prior's pattern, (b) the distance between the two draws' fitted attention
+(means over layers, heads, query rows and points). No training. Writes fits.jsonl (one line per
+task, seed, size), qk_probe.md (medians per size, per-task values) and selection.md (the rule's choice).
+"""
+import argparse
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskprior_jax import baselines, measure
+from maskprior_jax.bench import results as results_lib
+from maskprior_jax.bench.boolean import protocol
+from maskprior_jax.bench.boolean import run as boolean_run
+from maskprior_jax.bench.boolean.tasks import Task
+from maskprior_jax.bench.config import apply_overrides, builtin_config
+
+HELDOUT_DRAW = 2
+
+
+def _tv(maps, target) -> float:
+  return float(np.mean([0.5 * jnp.abs(a - target).sum(-1).mean() for a in maps]))
+
+
+def _between(maps_a, maps_b) -> float:
+  return float(np.mean([0.5 * jnp.abs(a - b).sum(-1).mean() for a, b in zip(maps_a, maps_b)]))
+
+
+def measure_task(task: Task, seeds, sizes, log=print) -> list[dict]:
+  """Rows {task, seed, size, heldout_tv: [draw 0, draw 1], fit_tv: [...], draw_tv} for one task."""
+  cfg = builtin_config("boolean")
+  bench = boolean_run.BooleanTask(task, cfg)
+  model = bench.model("qk")
+  target = jnp.asarray(bench.probe.target_attn)
+  rows = []
+  for seed in seeds:
+    variables = model.init(jax.random.key(seed), bench.sample_input)
+    heldout = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, protocol.QK_HELDOUT, seed, HELDOUT_DRAW))
+    for size in sizes:
+      t0, maps, fit_tv = time.perf_counter(), [], []
+      for draw in (0, 1):
+        inputs = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, size, seed, draw))
+        fitted, tv = baselines.fit_qk(model.apply, variables, inputs, target, steps=cfg.qk.fit_steps,
+                                      learning_rate=cfg.qk.fit_learning_rate, batch_size=protocol.QK_FIT_BATCH, seed=seed)
+        fit_tv.append(tv)
+        maps.append(measure.attention_maps(model.apply, fitted, heldout))
+      row = {"task": task.name, "n": task.n, "seed": seed, "size": size, "fit_tv": fit_tv,
+             "heldout_tv": [_tv(m, target) for m in maps], "draw_tv": _between(*maps)}
+      rows.append(row)
+      log(f"{task.name} seed {seed} size {size}: held-out TV {row['heldout_tv'][0]:.4f}/{row['heldout_tv'][1]:.4f}, "
+          f"draw-to-draw {row['draw_tv']:.4f} ({time.perf_counter() - t0:.0f} s)")
+  return rows
+
+
+def medians(rows: list[dict]) -> dict[int, tuple[float, float]]:
+  """{size: (median held-out TV over (task, seed, draw), median draw-to-draw TV over (task, seed))}."""
+  sizes = sorted({r["size"] for r in rows})
+  return {s: (float(np.median([v for r in rows if r["size"] == s for v in r["heldout_tv"]])),
+              float(np.median([r["draw_tv"] for r in rows if r["size"] == s]))) for s in sizes}
+
+
+def markdown(rows: list[dict]) -> str:
+  med = medians(rows)
+  sizes = sorted(med)
+  head = results_lib.markdown_table(
+      ["fit inputs", "held-out TV to the pattern (median)", "draw-to-draw TV (median)",
+       "fit TV on its own inputs (median)"],
+      [[f"{s:,}", f"{med[s][0]:.4f}", f"{med[s][1]:.4f}",
+        f"{np.median([v for r in rows if r['size'] == s for v in r['fit_tv']]):.4f}"] for s in sizes])
+  tasks = list(dict.fromkeys(r["task"] for r in rows))
+  per_task = results_lib.markdown_table(
+      ["task"] + [f"{s:,}: draw-to-draw TV per seed" for s in sizes],
+      [[t] + [", ".join(f"{r['draw_tv']:.3f}" for r in rows if r["task"] == t and r["size"] == s) for s in sizes]
+       for t in tasks])
+  return (f"{head}\n\nTotal-variation distances on {protocol.QK_HELDOUT:,} held-out cube points (a draw never fitted "
+          "on), mean over layers, heads, query rows and points; medians over tasks, seeds (and the two draws).\n\n"
+          f"{per_task}\n")
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", required=True, help="folder for fits.jsonl, qk_probe.md and selection.md")
+  p.add_argument("--seeds", default=",".join(map(str, protocol.EXPLORATION_SEEDS)))
+  a = p.parse_args()
+  out = pathlib.Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  seeds = [int(s) for s in a.seeds.split(",")]
+  if set(seeds) & set(protocol.CONFIRMATION_SEEDS):
+    raise SystemExit(f"seeds {sorted(set(seeds) & set(protocol.CONFIRMATION_SEEDS))} are confirmation seeds")
+  rows = []
+  for t in protocol.EXPLORATION_TASKS.values():
+    rows += measure_task(Task(t.name, protocol.QK_EXPLORATION_N, t.target, t.seen), seeds, protocol.QK_FIT_SIZES)
+  (out / "fits.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (out / "qk_probe.md").write_text(markdown(rows))
+  size, why = protocol.select_qk_fit_size(medians(rows))
+  (out / "selection.md").write_text(f"qk.fit_inputs = {size}: {why}.\n")
+  print(markdown(rows), f"\nqk.fit_inputs = {size}: {why}.")
+
+
+if __name__ == "__main__":
+  main()
