@@ -404,3 +404,75 @@ def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp
   threshold = res["fit_threshold_seen_mse"]
   assert [(r["method"], r["fitted"]) for r in res["runs"]] == [("vanilla", True), ("mask", True)]
   assert all(r["seen_mse"] <= threshold for r in res["runs"])
+
+
+def _tiny_qk_config(*overrides):
+  from maskprior_jax.bench.config import apply_overrides, builtin_config
+  return apply_overrides(builtin_config("boolean"), [
+      "--config.model.dim=16", "--config.model.depth=1", "--config.model.num_heads=2", "--config.model.head_dim=8",
+      "--config.model.mlp_dim=16", "--config.train.steps=20", "--config.train.steps_per_call=10",
+      "--config.eval.every_steps=10", "--config.checkpoint.every_steps=10", "--config.qk.fit_steps=10", *overrides])
+
+
+def test_qk_fit_inputs_depend_on_the_seed_alone_not_on_the_evaluation():
+  """With qk.fit_inputs > 0 the qk method's initial variables are the same whatever the evaluation's
+  sample (eval.num_points, eval.probe_size) and differ between seeds; with 0 (the probe, as folders
+  recorded before the key hold) the evaluation's sample moves them."""
+  import jax
+
+  from maskprior_jax.bench import runner
+  from maskprior_jax.bench.boolean import run as BR
+  task = B.custom_task("x0x1x2 + x2x3", "x0 == 1", n=8)
+
+  def init(seed, *overrides):
+    bench = BR.BooleanTask(task, _tiny_qk_config(*overrides))
+    v, info = runner.initial_variables("qk", bench.model("qk"), bench, seed)
+    return jax.tree.leaves(v), info
+
+  own = ["--config.qk.fit_inputs=512", "--config.qk.fit_batch=128"]
+  a, info = init(0, *own, "--config.eval.num_points=512")
+  b, _ = init(0, *own, "--config.eval.num_points=1024", "--config.eval.probe_size=64")
+  c, _ = init(1, *own, "--config.eval.num_points=512")
+  assert all(np.array_equal(x, y) for x, y in zip(a, b))
+  assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+  assert 0.0 <= info["qk_fit_tv"] < 1.0
+  p, _ = init(0, "--config.qk.fit_inputs=0", "--config.eval.num_points=512")
+  q, _ = init(0, "--config.qk.fit_inputs=0", "--config.eval.num_points=1024")
+  assert not all(np.array_equal(x, y) for x, y in zip(p, q))
+  points = BR.qk_fit_points(8, 300, seed=3)
+  assert points.shape == (300, 8) and set(np.unique(points)) == {-1, 1}
+  assert np.array_equal(points, BR.qk_fit_points(8, 300, seed=3)) and not np.array_equal(points, BR.qk_fit_points(8, 300, seed=3, draw=1))
+
+
+def test_changing_the_evaluation_sample_leaves_a_qk_run_unchanged(tmp_path):
+  """End to end: two qk runs whose configs differ only in eval.num_points end on the same
+  state_sha256 (their curves are measured on other points)."""
+  from maskprior_jax.bench.boolean import run as BR
+  task = B.custom_task("x0x1x2 + x2x3", "x0 == 1", n=8)
+  shas = []
+  for points in (256, 768):
+    cfg = _tiny_qk_config("--config.qk.fit_inputs=512", f"--config.eval.num_points={points}")
+    res = BR.run_task(task, cfg, ["qk"], [0], tmp_path / str(points), log=lambda *a: None)
+    shas.append(res["runs"][0]["state_sha256"])
+  assert shas[0] == shas[1]
+
+
+def test_the_batched_qk_fit_lowers_the_distance_and_a_whole_batch_is_the_old_fit():
+  """baselines.fit_qk with batches: the attention moves toward the target (TV below the initial
+  one); a batch as large as the inputs is the whole-batch fit, bit for bit."""
+  import jax
+  import jax.numpy as jnp
+
+  from maskprior_jax import baselines, measure
+  from maskprior_jax.bench.boolean import run as BR
+  bench = BR.BooleanTask(B.custom_task("x0x1x2 + x2x3", "x0 == 1", n=8), _tiny_qk_config())
+  model = bench.model("qk")
+  v = model.init(jax.random.key(0), bench.sample_input)
+  x = BR.to_ids(BR.qk_fit_points(8, 256, seed=0))
+  target = jnp.asarray(bench.probe.target_attn)
+  tv0 = float(np.mean([measure.total_variation(a, target) for a in measure.attention_maps(model.apply, v, x)]))
+  fitted, tv = baselines.fit_qk(model.apply, v, x, target, steps=100, batch_size=64, seed=0)
+  assert tv < tv0 - 0.05
+  whole, tv_w = baselines.fit_qk(model.apply, v, x, target, steps=5)
+  same, tv_s = baselines.fit_qk(model.apply, v, x, target, steps=5, batch_size=256, seed=7)
+  assert tv_w == tv_s and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(same)))
