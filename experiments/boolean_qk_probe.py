@@ -1,7 +1,8 @@
 """Round 5 of the Boolean protocol, part 1: how many inputs the qk baseline's fit needs
 (`protocol.QK_FIT_SIZES`), by the rule `protocol.select_qk_fit_size`, written before this ran.
 
-  python experiments/boolean_qk_probe.py --out experiments/results/boolean_qk_probe
+  python experiments/boolean_qk_probe.py --out experiments/results/boolean_qk_probe        # measure (about 50 min, 2 cores)
+  python experiments/boolean_qk_probe.py --markdown experiments/results/boolean_qk_probe   # the tables again
 
 For each exploration task (its supports at n = `protocol.QK_EXPLORATION_N`), exploration seed, size
 and two draws (`run.qk_fit_points` draws 0 and 1), the qk model's query/key weights are fitted as the
@@ -92,9 +93,16 @@ def markdown(rows: list[dict]) -> str:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out", required=True, help="folder for fits.jsonl, qk_probe.md and selection.md")
+  g = p.add_mutually_exclusive_group(required=True)
+  g.add_argument("--out", help="measure, and write fits.jsonl, qk_probe.md and selection.md here")
+  g.add_argument("--markdown", help="print the tables and the choice from this folder's fits.jsonl")
   p.add_argument("--seeds", default=",".join(map(str, protocol.EXPLORATION_SEEDS)))
   a = p.parse_args()
+  if a.markdown:
+    rows = [json.loads(line) for line in (pathlib.Path(a.markdown) / "fits.jsonl").read_text().splitlines()]
+    size, why = protocol.select_qk_fit_size(medians(rows))
+    print(markdown(rows) + f"\nThe rule's choice: qk.fit_inputs = {size}: {why}.")
+    return
   out = pathlib.Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in a.seeds.split(",")]

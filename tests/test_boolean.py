@@ -476,3 +476,43 @@ def test_the_batched_qk_fit_lowers_the_distance_and_a_whole_batch_is_the_old_fit
   whole, tv_w = baselines.fit_qk(model.apply, v, x, target, steps=5)
   same, tv_s = baselines.fit_qk(model.apply, v, x, target, steps=5, batch_size=256, seed=7)
   assert tv_w == tv_s and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(same)))
+
+
+def test_the_qk_rerun_merge_replaces_only_the_rerun_method_and_refuses_other_config_changes(tmp_path):
+  """experiments/boolean_qk_rerun.py --merge: per task, the rerun's qk runs and curves replace the
+  headline's, every other run is kept as it is, the replaced runs go to superseded_runs.json, and a
+  rerun whose config differs in anything but qk's keys is refused (nothing written)."""
+  import copy
+  import json
+  import sys
+  sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "experiments"))
+  import boolean_qk_rerun as QR
+  cfg = {"train": {"steps": 10}, "qk": {"fit_steps": 3, "fit_learning_rate": 0.01}}
+  run = lambda m, s, sha: {"method": m, "seed": s, "state_sha256": sha}
+  old = {"benchmark": "boolean", "task": "t", "config_digest": "old", "environment": {}, "wall_s": {"vanilla": 1.0, "qk": 2.0},
+         "runs": [run("vanilla", 0, "v0"), run("qk", 0, "q0"), run("vanilla", 1, "v1"), run("qk", 1, "q1")],
+         "curves": {"vanilla": {"step": [1]}, "qk": {"step": [1], "x": [0]}}}
+  head, rerun = tmp_path / "head", tmp_path / "rerun"
+  (head / "t").mkdir(parents=True)
+  (rerun / "t").mkdir(parents=True)
+  (head / "run_config.json").write_text(json.dumps({"config": cfg}))
+  (head / "t" / "results.json").write_text(json.dumps(old))
+  new = {**copy.deepcopy(old), "config_digest": "new", "environment": {"commit": "c"}, "wall_s": {"qk": 3.0},
+         "runs": [run("qk", 0, "Q0"), run("qk", 1, "Q1")], "curves": {"qk": {"step": [1], "x": [5]}}}
+  (rerun / "t" / "results.json").write_text(json.dumps(new))
+  (rerun / "t" / "config.json").write_text(json.dumps({**cfg, "train": {"steps": 11}}))
+  with pytest.raises(SystemExit, match="not only in qk's keys"):
+    QR.merge(rerun, head, ["qk"])
+  assert json.loads((head / "t" / "results.json").read_text()) == old
+  (rerun / "t" / "config.json").write_text(json.dumps({**cfg, "qk": {**cfg["qk"], "fit_inputs": 256}}))
+  QR.merge(rerun, head, ["qk"])
+  merged = json.loads((head / "t" / "results.json").read_text())
+  assert [(r["method"], r["seed"], r["state_sha256"]) for r in merged["runs"]] == [
+      ("vanilla", 0, "v0"), ("vanilla", 1, "v1"), ("qk", 0, "Q0"), ("qk", 1, "Q1")]
+  assert merged["curves"]["qk"]["x"] == [5] and merged["curves"]["vanilla"] == old["curves"]["vanilla"]
+  assert merged["config_digest"] == "new" and merged["reruns"][0]["replaced_config_digest"] == "old"
+  assert merged["reruns"][0]["config_changes"] == {"qk.fit_inputs": 256}
+  gone = json.loads((head / "t" / "superseded_runs.json").read_text())
+  assert [r["state_sha256"] for r in gone["runs"]] == ["q0", "q1"] and gone["config_digest"] == "old"
+  with pytest.raises(SystemExit, match="merged already"):
+    QR.merge(rerun, head, ["qk"])
