@@ -126,10 +126,13 @@ def test_a_run_folder_recorded_before_the_recipe_keys_existed_still_matches():
         **cfg.to_dict()["train"], "batches": "host", "run_block": "all"}}})
     assert config_digest({"cfg": cfg.to_dict()}) != config_digest({"cfg": {**cfg.to_dict(), "eval": {
         **cfg.to_dict()["eval"], "num_points": 4096}}})
+    # Its qk baseline is fitted on 1,024 inputs of its own (the folders: on the probe), recorded too.
+    assert as_recorded(cfg)["qk"]["fit_inputs"] == 1024 and "fit_batch" not in as_recorded(cfg)["qk"]
     with cfg.unlocked():
       cfg.train.run_block = "all"
       cfg.train.batches = "host"
       cfg.eval.num_points = 4096
+      cfg.qk.fit_inputs = 0
     earlier = cfg.to_dict()
     for key in LATER_KEYS:
       section, leaf = key.split(".")

@@ -43,4 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
   # drawn after these points from the same generator. Folders made before 0.3.0 used 4,096.
   c.eval.update(every_steps=250, num_points=2048, probe_size=256, full_cube_max_n=18, fit_threshold=0.01)
   c.checkpoint.update(every_steps=500, max_to_keep=2)
+  # The qk baseline's fit: 1,024 inputs of its own per run, drawn from the run's seed alone (chosen by
+  # the rule in bench/boolean/protocol.py, round 5: experiments/results/boolean_qk_probe), so that no
+  # evaluation setting moves a qk run. 0: the evaluation's probe (folders made before round 5).
+  c.qk.update(fit_inputs=1024)
   return c
