@@ -5,6 +5,7 @@ headline's folders.
 
   python experiments/boolean_qk_rerun.py --workdir runs/boolean_qk                  # train (resumes)
   python experiments/boolean_qk_rerun.py --workdir runs/boolean_qk --merge experiments/results/boolean_headline
+  python experiments/boolean_qk_rerun.py --methods qk,qk_nopos --markdown experiments/results/boolean_headline
 
 The config is the one HEADLINE's run_config.json records (the keys added since at their earlier
 values), with qk.fit_inputs set; its digest without that change must equal each task's recorded
@@ -21,7 +22,9 @@ import pathlib
 
 import ml_collections
 
+from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
+from maskprior_jax.bench.boolean import tasks as boolean_tasks
 from maskprior_jax.bench.config import LATER_KEYS, as_recorded, builtin_config, config_digest
 
 HEADLINE = pathlib.Path(__file__).parent / "results" / "boolean_headline"
@@ -112,14 +115,44 @@ def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
   return lines
 
 
+def _seed_cells(runs: list[dict], ref: float) -> tuple[str, str]:
+  ratios = [(r["unseen_mse_true"] / ref, r["fitted"]) for r in sorted(runs, key=lambda r: r["seed"])]
+  fitted = [v for v, ok in ratios if ok]
+  return (", ".join(f"{v:.2f}" + ("" if ok else "*") for v, ok in ratios),
+          (results_lib.mean_std(fitted) + f" ({len(fitted)}/{len(ratios)})") if fitted else f"did not fit (0/{len(ratios)})")
+
+
+def markdown(headline: pathlib.Path, methods) -> str:
+  """Per task and rerun method: the superseded runs (fitted on the probe) beside the rerun, per seed."""
+  rows = []
+  for folder in sorted((p for p in headline.iterdir() if (p / "superseded_runs.json").exists()),
+                       key=lambda p: list(boolean_tasks.TASKS).index(p.name) if p.name in boolean_tasks.TASKS else 99):
+    res, old = (json.loads((folder / n).read_text()) for n in ("results.json", "superseded_runs.json"))
+    ref = res["mdi_unseen_mse_true"]
+    for m in methods:
+      before = _seed_cells([r for r in old["runs"] if r["method"] == m], ref)
+      after = _seed_cells([r for r in res["runs"] if r["method"] == m], ref)
+      rows.append([folder.name, m, *before, *after])
+  return (results_lib.markdown_table(["task", "method", "fitted on the probe: per seed", "mean (fitted)",
+                                      "fitted on 1,024 inputs of its own: per seed", "mean (fitted)"], rows)
+          + "\nUnseen MSE / MDI's unseen MSE, seeds 0-4 in order; * a run that did not fit its seen domain (not in "
+          "the mean). The headline's recorded config otherwise, the same batches and seeds.")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--workdir", required=True, help="the rerun's folder (one folder per task)")
+  p.add_argument("--workdir", help="the rerun's folder (one folder per task)")
+  p.add_argument("--markdown", help="print the superseded qk runs beside the rerun's for this merged headline folder")
   p.add_argument("--merge", help="merge the finished rerun into this headline folder")
   p.add_argument("--methods", default=",".join(METHODS), help="(default: %(default)s)")
   p.add_argument("--headline", default=str(HEADLINE), help="the folder whose recorded config is rerun")
   a = p.parse_args()
   methods = a.methods.split(",")
+  if a.markdown:
+    print(markdown(pathlib.Path(a.markdown), methods))
+    return
+  if not a.workdir:
+    p.error("--workdir is needed to train or merge")
   if a.merge:
     print("\n".join(merge(pathlib.Path(a.workdir), pathlib.Path(a.merge), methods)))
     return

@@ -488,8 +488,9 @@ def test_the_qk_rerun_merge_replaces_only_the_rerun_method_and_refuses_other_con
   sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "experiments"))
   import boolean_qk_rerun as QR
   cfg = {"train": {"steps": 10}, "qk": {"fit_steps": 3, "fit_learning_rate": 0.01}}
-  run = lambda m, s, sha: {"method": m, "seed": s, "state_sha256": sha}
-  old = {"benchmark": "boolean", "task": "t", "config_digest": "old", "environment": {}, "wall_s": {"vanilla": 1.0, "qk": 2.0},
+  run = lambda m, s, sha: {"method": m, "seed": s, "state_sha256": sha, "unseen_mse_true": 1.0 if sha.islower() else 0.5,
+                           "fitted": sha != "Q1"}
+  old = {"benchmark": "boolean", "task": "t", "config_digest": "old", "mdi_unseen_mse_true": 2.0, "environment": {}, "wall_s": {"vanilla": 1.0, "qk": 2.0},
          "runs": [run("vanilla", 0, "v0"), run("qk", 0, "q0"), run("vanilla", 1, "v1"), run("qk", 1, "q1")],
          "curves": {"vanilla": {"step": [1]}, "qk": {"step": [1], "x": [0]}}}
   head, rerun = tmp_path / "head", tmp_path / "rerun"
@@ -516,3 +517,4 @@ def test_the_qk_rerun_merge_replaces_only_the_rerun_method_and_refuses_other_con
   assert [r["state_sha256"] for r in gone["runs"]] == ["q0", "q1"] and gone["config_digest"] == "old"
   with pytest.raises(SystemExit, match="merged already"):
     QR.merge(rerun, head, ["qk"])
+  assert "| t | qk | 0.50, 0.50 | 0.5 ± 0 (2/2) | 0.25, 0.25* | 0.25 (1/2) |" in QR.markdown(head, ["qk"])
