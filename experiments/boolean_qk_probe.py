@@ -27,7 +27,7 @@ from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
 from maskprior_jax.bench.boolean import run as boolean_run
 from maskprior_jax.bench.boolean.tasks import Task
-from maskprior_jax.bench.config import apply_overrides, builtin_config
+from maskprior_jax.bench.config import builtin_config
 
 HELDOUT_DRAW = 2
 
@@ -66,6 +66,27 @@ def measure_task(task: Task, seeds, sizes, log=print) -> list[dict]:
   return rows
 
 
+def measure_order(task: Task, seeds, size: int, log=print) -> list[dict]:
+  """Two fits on the same `size` inputs (draw 0) that differ only in the order of their batches (the
+  batch generator's seed: the run's, and the run's + 1,000): the distance between them on the held-out
+  points is how far the fit's end point moves with its path alone. Rows {task, seed, size, order_tv}."""
+  cfg = builtin_config("boolean")
+  bench = boolean_run.BooleanTask(task, cfg)
+  model = bench.model("qk")
+  target = jnp.asarray(bench.probe.target_attn)
+  rows = []
+  for seed in seeds:
+    variables = model.init(jax.random.key(seed), bench.sample_input)
+    heldout = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, protocol.QK_HELDOUT, seed, HELDOUT_DRAW))
+    inputs = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, size, seed, 0))
+    maps = [measure.attention_maps(model.apply, baselines.fit_qk(
+        model.apply, variables, inputs, target, steps=cfg.qk.fit_steps, learning_rate=cfg.qk.fit_learning_rate,
+        batch_size=protocol.QK_FIT_BATCH, seed=order)[0], heldout) for order in (seed, seed + 1000)]
+    rows.append({"task": task.name, "seed": seed, "size": size, "order_tv": _between(*maps)})
+    log(f"{task.name} seed {seed} size {size}: batch order alone moves the fit by TV {rows[-1]['order_tv']:.4f}")
+  return rows
+
+
 def medians(rows: list[dict]) -> dict[int, tuple[float, float]]:
   """{size: (median held-out TV over (task, seed, draw), median draw-to-draw TV over (task, seed))}."""
   sizes = sorted({r["size"] for r in rows})
@@ -97,17 +118,32 @@ def main():
   g.add_argument("--out", help="measure, and write fits.jsonl, qk_probe.md and selection.md here")
   g.add_argument("--markdown", help="print the tables and the choice from this folder's fits.jsonl")
   p.add_argument("--seeds", default=",".join(map(str, protocol.EXPLORATION_SEEDS)))
+  p.add_argument("--order", action="store_true", help="with --out: measure instead how far the batch order alone "
+                 "moves a fit of 1,024 inputs (order.jsonl; after the rule, not part of it)")
   a = p.parse_args()
   if a.markdown:
     rows = [json.loads(line) for line in (pathlib.Path(a.markdown) / "fits.jsonl").read_text().splitlines()]
     size, why = protocol.select_qk_fit_size(medians(rows))
-    print(markdown(rows) + f"\nThe rule's choice: qk.fit_inputs = {size}: {why}.")
+    order = pathlib.Path(a.markdown) / "order.jsonl"
+    extra = ""
+    if order.exists():
+      o = [json.loads(line)["order_tv"] for line in order.read_text().splitlines()]
+      extra = (f"\nTwo fits on the same 1,024 inputs that differ only in the order of their batches (measured after "
+               f"the rule, not part of it): TV between them {np.median(o):.4f} (median over {len(o)} task-seed pairs, "
+               f"range {min(o):.3f}-{max(o):.3f}).\n")
+    print(markdown(rows) + f"\nThe rule's choice: qk.fit_inputs = {size}: {why}.\n" + extra)
     return
   out = pathlib.Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   seeds = [int(s) for s in a.seeds.split(",")]
   if set(seeds) & set(protocol.CONFIRMATION_SEEDS):
     raise SystemExit(f"seeds {sorted(set(seeds) & set(protocol.CONFIRMATION_SEEDS))} are confirmation seeds")
+  if a.order:
+    rows = [r for t in protocol.EXPLORATION_TASKS.values()
+            for r in measure_order(Task(t.name, protocol.QK_EXPLORATION_N, t.target, t.seen), seeds, 1024)]
+    (out / "order.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"median TV between two fits that differ in batch order only: {np.median([r['order_tv'] for r in rows]):.4f}")
+    return
   rows = []
   for t in protocol.EXPLORATION_TASKS.values():
     rows += measure_task(Task(t.name, protocol.QK_EXPLORATION_N, t.target, t.seen), seeds, protocol.QK_FIT_SIZES)
