@@ -61,17 +61,19 @@ def _task_digest(cfg, res: dict) -> str:
 
 
 def check_config(cfg, headline: pathlib.Path) -> None:
-  """The config less its qk.fit_inputs change gives every task's recorded digest."""
+  """The config less its qk.fit_inputs change gives every task's recorded digest (before a merge)."""
   before = cfg.to_dict()
   before["qk"] = {**before["qk"], "fit_inputs": 0}
   for folder in sorted(p for p in headline.iterdir() if (p / "results.json").exists()):
     res = json.loads((folder / "results.json").read_text())
+    if "reruns" in res:
+      raise SystemExit(f"{folder.name}: the rerun was merged already")
     if _task_digest(before, res) != res["config_digest"]:
       raise SystemExit(f"{folder.name}: the rebuilt config does not give the recorded digest {res['config_digest']}")
 
 
 def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
-  lines = []
+  lines, changes = [], {}
   for folder in sorted(p for p in headline.iterdir() if (p / "results.json").exists()):
     old = json.loads((folder / "results.json").read_text())
     new = json.loads((rerun / folder.name / "results.json").read_text())
@@ -112,6 +114,13 @@ def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
     lines.append(f"{folder.name}: {len(taken)} runs of {','.join(methods)} replaced; {len(kept)} other runs kept "
                  f"with their state_sha256 ({len(set(before.values()))} distinct); digest {old['config_digest']} -> "
                  f"{new['config_digest']}")
+    changes = {k: _flat(new_cfg).get(k) for k in diff}
+  # The folder's command record takes the changed qk keys, so that the command resumes it.
+  record = json.loads((headline / "run_config.json").read_text())
+  for key, value in changes.items():
+    section, leaf = key.split(".")
+    record["config"][section][leaf] = value
+  (headline / "run_config.json").write_text(json.dumps(record, indent=1))
   return lines
 
 
