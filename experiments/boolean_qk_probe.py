@@ -40,26 +40,41 @@ def _between(maps_a, maps_b) -> float:
   return float(np.mean([0.5 * jnp.abs(a - b).sum(-1).mean() for a, b in zip(maps_a, maps_b)]))
 
 
+class _Fits:
+  """One exploration task's qk model, target and built-in fit settings: `start(seed)` gives the seed's
+  initial variables and held-out points, `maps` fits on inputs and measures on those points."""
+
+  def __init__(self, task: Task):
+    self.task, self.cfg = task, builtin_config("boolean")
+    bench = boolean_run.BooleanTask(task, self.cfg)
+    self.model, self.sample = bench.model("qk"), bench.sample_input
+    self.target = jnp.asarray(bench.probe.target_attn)
+
+  def start(self, seed: int):
+    heldout = boolean_run.to_ids(boolean_run.qk_fit_points(self.task.n, protocol.QK_HELDOUT, seed, HELDOUT_DRAW))
+    return self.model.init(jax.random.key(seed), self.sample), heldout
+
+  def inputs(self, size: int, seed: int, draw: int):
+    return boolean_run.to_ids(boolean_run.qk_fit_points(self.task.n, size, seed, draw))
+
+  def maps(self, variables, inputs, heldout, order: int):
+    """(attention maps on `heldout` after the qk fit on `inputs` with batch order `order`, the fit's TV)."""
+    fitted, tv = baselines.fit_qk(self.model.apply, variables, inputs, self.target, steps=self.cfg.qk.fit_steps,
+                                  learning_rate=self.cfg.qk.fit_learning_rate, batch_size=protocol.QK_FIT_BATCH,
+                                  seed=order)
+    return measure.attention_maps(self.model.apply, fitted, heldout), tv
+
+
 def measure_task(task: Task, seeds, sizes, log=print) -> list[dict]:
   """Rows {task, seed, size, heldout_tv: [draw 0, draw 1], fit_tv: [...], draw_tv} for one task."""
-  cfg = builtin_config("boolean")
-  bench = boolean_run.BooleanTask(task, cfg)
-  model = bench.model("qk")
-  target = jnp.asarray(bench.probe.target_attn)
-  rows = []
+  fits, rows = _Fits(task), []
   for seed in seeds:
-    variables = model.init(jax.random.key(seed), bench.sample_input)
-    heldout = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, protocol.QK_HELDOUT, seed, HELDOUT_DRAW))
+    variables, heldout = fits.start(seed)
     for size in sizes:
-      t0, maps, fit_tv = time.perf_counter(), [], []
-      for draw in (0, 1):
-        inputs = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, size, seed, draw))
-        fitted, tv = baselines.fit_qk(model.apply, variables, inputs, target, steps=cfg.qk.fit_steps,
-                                      learning_rate=cfg.qk.fit_learning_rate, batch_size=protocol.QK_FIT_BATCH, seed=seed)
-        fit_tv.append(tv)
-        maps.append(measure.attention_maps(model.apply, fitted, heldout))
-      row = {"task": task.name, "n": task.n, "seed": seed, "size": size, "fit_tv": fit_tv,
-             "heldout_tv": [_tv(m, target) for m in maps], "draw_tv": _between(*maps)}
+      t0 = time.perf_counter()
+      maps, fit_tv = zip(*(fits.maps(variables, fits.inputs(size, seed, draw), heldout, seed) for draw in (0, 1)))
+      row = {"task": task.name, "n": task.n, "seed": seed, "size": size, "fit_tv": list(fit_tv),
+             "heldout_tv": [_tv(m, fits.target) for m in maps], "draw_tv": _between(*maps)}
       rows.append(row)
       log(f"{task.name} seed {seed} size {size}: held-out TV {row['heldout_tv'][0]:.4f}/{row['heldout_tv'][1]:.4f}, "
           f"draw-to-draw {row['draw_tv']:.4f} ({time.perf_counter() - t0:.0f} s)")
@@ -70,18 +85,11 @@ def measure_order(task: Task, seeds, size: int, log=print) -> list[dict]:
   """Two fits on the same `size` inputs (draw 0) that differ only in the order of their batches (the
   batch generator's seed: the run's, and the run's + 1,000): the distance between them on the held-out
   points is how far the fit's end point moves with its path alone. Rows {task, seed, size, order_tv}."""
-  cfg = builtin_config("boolean")
-  bench = boolean_run.BooleanTask(task, cfg)
-  model = bench.model("qk")
-  target = jnp.asarray(bench.probe.target_attn)
-  rows = []
+  fits, rows = _Fits(task), []
   for seed in seeds:
-    variables = model.init(jax.random.key(seed), bench.sample_input)
-    heldout = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, protocol.QK_HELDOUT, seed, HELDOUT_DRAW))
-    inputs = boolean_run.to_ids(boolean_run.qk_fit_points(task.n, size, seed, 0))
-    maps = [measure.attention_maps(model.apply, baselines.fit_qk(
-        model.apply, variables, inputs, target, steps=cfg.qk.fit_steps, learning_rate=cfg.qk.fit_learning_rate,
-        batch_size=protocol.QK_FIT_BATCH, seed=order)[0], heldout) for order in (seed, seed + 1000)]
+    variables, heldout = fits.start(seed)
+    inputs = fits.inputs(size, seed, 0)
+    maps = [fits.maps(variables, inputs, heldout, order)[0] for order in (seed, seed + 1000)]
     rows.append({"task": task.name, "seed": seed, "size": size, "order_tv": _between(*maps)})
     log(f"{task.name} seed {seed} size {size}: batch order alone moves the fit by TV {rows[-1]['order_tv']:.4f}")
   return rows

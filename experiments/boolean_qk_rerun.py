@@ -21,6 +21,7 @@ import json
 import pathlib
 
 import ml_collections
+from flax import traverse_util
 
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench.boolean import protocol
@@ -31,11 +32,8 @@ HEADLINE = pathlib.Path(__file__).parent / "results" / "boolean_headline"
 METHODS = ("qk",)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return out
+def _flat(d: dict) -> dict:
+  return traverse_util.flatten_dict(d, sep=".")
 
 
 def recorded_config(headline: pathlib.Path, fit_inputs: int | None) -> ml_collections.ConfigDict:
@@ -74,13 +72,13 @@ def check_config(cfg, headline: pathlib.Path) -> None:
 
 def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
   lines, changes = [], {}
+  record = json.loads((headline / "run_config.json").read_text())
+  was = _flat(as_recorded(record["config"]))
   for folder in sorted(p for p in headline.iterdir() if (p / "results.json").exists()):
     old = json.loads((folder / "results.json").read_text())
     new = json.loads((rerun / folder.name / "results.json").read_text())
-    old_cfg = json.loads((headline / "run_config.json").read_text())["config"]
-    new_cfg = json.loads((rerun / folder.name / "config.json").read_text())
-    diff = {k for k in set(_flat(as_recorded(old_cfg))) | set(_flat(as_recorded(new_cfg)))
-            if _flat(as_recorded(old_cfg)).get(k) != _flat(as_recorded(new_cfg)).get(k)}
+    now = _flat(as_recorded(json.loads((rerun / folder.name / "config.json").read_text())))
+    diff = {k for k in set(was) | set(now) if was.get(k) != now.get(k)}
     if any(not k.startswith("qk.") for k in diff):
       raise SystemExit(f"{folder.name}: the rerun's config differs in {sorted(diff)}, not only in qk's keys")
     if "reruns" in old and any(set(r["methods"]) & set(methods) for r in old["reruns"]):
@@ -92,8 +90,7 @@ def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
       raise SystemExit(f"{folder.name}: the rerun holds other seeds of {methods} than the headline")
     before = {(r["method"], r["seed"]): r["state_sha256"] for r in kept}
     merged = copy.deepcopy(old)
-    merged["runs"] = [r for r in old["runs"] if r["method"] not in methods]
-    order = [m for m in dict.fromkeys(r["method"] for r in old["runs"])]
+    order = list(dict.fromkeys(r["method"] for r in old["runs"]))
     merged["runs"] = sorted(kept + taken, key=lambda r: (order.index(r["method"]), r["seed"]))
     for m in methods:
       merged["curves"][m], merged["wall_s"][m] = new["curves"][m], new["wall_s"][m]
@@ -102,7 +99,7 @@ def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
     merged["config_digest"] = new["config_digest"]
     merged.setdefault("reruns", []).append({"methods": list(methods), "environment": new["environment"],
                                             "replaced_config_digest": old["config_digest"],
-                                            "config_changes": {k: _flat(new_cfg).get(k) for k in sorted(diff)}})
+                                            "config_changes": {k: now.get(k) for k in sorted(diff)}})
     after = {(r["method"], r["seed"]): r["state_sha256"] for r in merged["runs"] if r["method"] not in methods}
     assert after == before
     superseded = {"why": "fitted on the evaluation's probe inputs (round 5 replaced them: docs/results/boolean.md)",
@@ -114,9 +111,8 @@ def merge(rerun: pathlib.Path, headline: pathlib.Path, methods) -> list[str]:
     lines.append(f"{folder.name}: {len(taken)} runs of {','.join(methods)} replaced; {len(kept)} other runs kept "
                  f"with their state_sha256 ({len(set(before.values()))} distinct); digest {old['config_digest']} -> "
                  f"{new['config_digest']}")
-    changes = {k: _flat(new_cfg).get(k) for k in diff}
+    changes = {k: now.get(k) for k in diff}
   # The folder's command record takes the changed qk keys, so that the command resumes it.
-  record = json.loads((headline / "run_config.json").read_text())
   for key, value in changes.items():
     section, leaf = key.split(".")
     record["config"][section][leaf] = value

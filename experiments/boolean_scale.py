@@ -37,22 +37,18 @@ def _read(folder: pathlib.Path, task: str) -> dict:
   return json.loads(path.read_text())
 
 
-def per_seed(res: dict, method: str) -> list[dict]:
-  """One method's runs in seed order: ratio (unseen MSE / MDI's), excess over the bound, fitted,
-  attention TV to the pattern and ||B - B0|| / ||B0|| at the end (None for a model without a prior)."""
-  bound, ref = boolean_report.structure_bound(res), res["mdi_unseen_mse_true"]
-  out = []
-  for r in sorted((r for r in res["runs"] if r["method"] == method), key=lambda r: r["seed"]):
-    ratio = r["unseen_mse_true"] / ref
-    end = r["persistence"][-1]
-    out.append({"seed": r["seed"], "ratio": ratio, "excess": ratio - bound, "fitted": r["fitted"],
-                "tv_end": float(sum(end["attn_tv"]) / len(end["attn_tv"])), "drift_end": end.get("mask_drift")})
-  return out
+def per_seed(res: dict, method: str) -> tuple[list[dict], list[float]]:
+  """One method's runs in seed order (`boolean_report.summarize`): ratio (unseen MSE / MDI's), excess
+  over the bound, fitted, attention TV to the pattern at the end; and ||B - B0|| / ||B0|| at the end of
+  the runs with a prior."""
+  s = next(x for x in boolean_report.summarize(res) if x["method"] == method)
+  bound = boolean_report.structure_bound(res)
+  return ([{"seed": seed, "ratio": ratio, "excess": ratio - bound, "fitted": ok, "tv_end": tv}
+           for seed, ratio, ok, tv in zip(s["seeds"], s["ratio"], s["fitted"], s["tv_end"])], s["drift_end"])
 
 
-def _cells(runs: list[dict]) -> list[str]:
+def _cells(runs: list[dict], drift: list[float]) -> list[str]:
   fitted = [r["excess"] for r in runs if r["fitted"]]
-  drift = [r["drift_end"] for r in runs if r["drift_end"] is not None]
   return [f"{sum(r['fitted'] for r in runs)}/{len(runs)}",
           ", ".join(f"{r['ratio']:.2f}" + ("" if r["fitted"] else "*") for r in runs),
           ", ".join(f"{r['excess']:+.2f}" + ("" if r["fitted"] else "*") for r in runs),
@@ -76,8 +72,8 @@ def markdown(rung_folder: pathlib.Path, default_folder: pathlib.Path = DEFAULT_F
     runs = {}
     for m in protocol.SCALE_METHODS:
       for scale, res in (("default", default), ("rung", rung)):
-        runs[m, scale] = per_seed(res, m)
-        rows.append([task, m, scale, *_cells(runs[m, scale])])
+        runs[m, scale], drift = per_seed(res, m)
+        rows.append([task, m, scale, *_cells(runs[m, scale], drift)])
     mask_v = protocol.scale_verdict(_excess(runs["mask", "default"]), _excess(runs["mask", "rung"]))
     van_v = protocol.scale_verdict(_excess(runs["vanilla", "default"]), _excess(runs["vanilla", "rung"]))
     verdicts.append([task, f"{bound:.3f}", mask_v, van_v])

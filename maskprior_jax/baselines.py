@@ -97,24 +97,17 @@ def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, 
 
   tx = optax.adam(learning_rate)
   opt = tx.init(trainable)
+  def update(tr, opt, x):
+    upd, opt = tx.update(jax.grad(loss)(tr, x), opt, tr)
+    return optax.apply_updates(tr, upd), opt
+
   n = len(inputs)
   if batch_size is None or batch_size >= n:
-    @jax.jit
-    def step(tr, opt):
-      g = jax.grad(loss)(tr, inputs)
-      upd, opt = tx.update(g, opt, tr)
-      return optax.apply_updates(tr, upd), opt
-
+    step = jax.jit(lambda tr, opt: update(tr, opt, inputs))   # the inputs a constant of the program
     for _ in range(steps):
       trainable, opt = step(trainable, opt)
   else:
-    @jax.jit
-    def batch_step(tr, opt, x):
-      g = jax.grad(loss)(tr, x)
-      upd, opt = tx.update(g, opt, tr)
-      return optax.apply_updates(tr, upd), opt
-
-    rng, pool = np.random.default_rng(seed), np.asarray(inputs)
+    batch_step, rng, pool = jax.jit(update), np.random.default_rng(seed), np.asarray(inputs)
     for _ in range(steps):
       trainable, opt = batch_step(trainable, opt, pool[rng.choice(n, batch_size, replace=False)])
   out = merged(trainable)

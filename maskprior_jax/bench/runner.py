@@ -236,7 +236,7 @@ def initial_variables(method: Method | str, model, bench: Benchmark, seed: int) 
     q = bench.cfg.qk
     variables, tv = baselines.fit_qk(model.apply, variables, bench.qk_fit_inputs(seed), bench.probe.target_attn,
                                      steps=q.fit_steps, learning_rate=q.fit_learning_rate,
-                                     batch_size=q.get("fit_batch", 256) if _qk_fit_inputs(bench.cfg) else None, seed=seed)
+                                     batch_size=q.fit_batch if q.fit_inputs else None, seed=seed)
     info["qk_fit_tv"] = tv
   return variables, info
 
@@ -415,10 +415,6 @@ def train_method(methods: str | Method | Sequence[str | Method], model, bench: B
   return distributed.host_tree(state), history, [i for _, i in inits], placement
 
 
-def _qk_fit_inputs(cfg) -> int:
-  return int(cfg.qk.get("fit_inputs", 0)) if "qk" in cfg else 0
-
-
 def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir: str | os.PathLike, log=print,
         progress: results_lib.RunProgress | None = None) -> dict:
   """Train every method for every seed not yet in `workdir`'s results.json, record each run as it
@@ -428,7 +424,7 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
   if bench.settings.batches == "device" and type(bench).device_batches is Benchmark.device_batches:
     from maskprior_jax.bench.config import ConfigError
     raise ConfigError(f"train.batches=device: the {bench.kind} benchmark draws its batches on the host only")
-  if _qk_fit_inputs(bench.cfg) and type(bench).qk_fit_inputs is Benchmark.qk_fit_inputs:
+  if bench.cfg.qk.fit_inputs and type(bench).qk_fit_inputs is Benchmark.qk_fit_inputs:
     from maskprior_jax.bench.config import ConfigError
     raise ConfigError(f"qk.fit_inputs={bench.cfg.qk.fit_inputs}: the {bench.kind} benchmark fits qk on its probe only; "
                       "set qk.fit_inputs=0")
