@@ -43,10 +43,18 @@ MASK_KINDS: tuple[str, ...] = ("full", "shared", "relative_1d", "relative_2d")
 class MaskSettings:
   """How a model's attention layers hold their mask prior (one value, passed down whole).
 
-  init: initializer `(key, shape, dtype) -> B` or a plain array (see `MaskPriorAttention`).
-  kind: the bias parameterization (see `MASK_LAYOUTS`).
-  max_len: offset-table size for kind "relative_1d"; grid: (height, width) for "relative_2d".
-  share_layers: one bias for every layer (kind "full" or "shared"), added to each layer's logits.
+  Attributes:
+    init: the initializer ``(key, shape, dtype) -> B`` (e.g. from `maskprior_jax.priors`) or a
+      plain array broadcast to the stored shape.
+    kind: the bias parameterization: "full", "shared", "relative_1d" or "relative_2d" (see
+      `MASK_LAYOUTS`).
+    max_len: the offset table's length for kind "relative_1d".
+    grid: (height, width) of the patch grid for kind "relative_2d".
+    share_layers: one bias for every layer (kind "full" or "shared"), added to each layer's
+      logits.
+
+  Raises:
+    ValueError: for an unknown kind, or ``share_layers`` with a relative kind.
   """
   init: Any
   kind: MaskKind = "full"
@@ -61,7 +69,14 @@ class MaskSettings:
       raise ValueError("share_layers=True needs kind 'full' or 'shared'")
 
   def attention_kwargs(self, num_prefix: int = 0) -> dict:
-    """The `MaskPriorAttention` attributes these settings stand for."""
+    """The `MaskPriorAttention` attributes these settings stand for.
+
+    Args:
+      num_prefix: tokens before the grid (kind "relative_2d"), e.g. 1 for a CLS token.
+
+    Returns:
+      A dict with ``mask_init``, ``mask_kind``, ``max_len``, ``grid`` and ``num_prefix``.
+    """
     return dict(mask_init=self.init, mask_kind=self.kind, max_len=self.max_len, grid=self.grid,
                 num_prefix=num_prefix)
 
@@ -84,10 +99,12 @@ def _expand_2d(stored, q_len, kv_len, grid, num_prefix):
 
 @dataclasses.dataclass(frozen=True)
 class MaskLayout:
-  """How one mask kind is stored and expanded.
+  """How one mask kind is stored and expanded (one entry of `MASK_LAYOUTS`).
 
-  shape(num_heads, q_len, kv_len, max_len, grid): the stored bias's shape;
-  expand(stored, q_len, kv_len, max_len, grid, num_prefix): the dense (heads or 1, q_len, kv_len) bias.
+  Attributes:
+    shape: ``shape(num_heads, q_len, kv_len, max_len, grid)``, the stored bias's shape.
+    expand: ``expand(stored, q_len, kv_len, max_len, grid, num_prefix)``, the dense
+      (heads or 1, q_len, kv_len) bias.
   """
   shape: Callable[..., tuple[int, ...]]
   expand: Callable[..., jax.Array]
@@ -124,19 +141,59 @@ def _layout(kind: str) -> MaskLayout:
 def mask_shape(kind: str, num_heads: int, q_len: int, kv_len: int, *,
                max_len: int | None = None,
                grid: tuple[int, int] | None = None) -> tuple[int, ...]:
-  """Shape of the stored bias of a mask kind (see `MASK_LAYOUTS`)."""
+  """The shape of the stored bias of a mask kind (see `MASK_LAYOUTS`).
+
+  Args:
+    kind: "full", "shared", "relative_1d" or "relative_2d".
+    num_heads: attention heads.
+    q_len: query length.
+    kv_len: key/value length.
+    max_len: the longest sequence, for "relative_1d".
+    grid: (height, width) of the patch grid, for "relative_2d".
+
+  Returns:
+    The stored shape: (num_heads, q_len, kv_len), (q_len, kv_len), (num_heads, 2 max_len - 1)
+    or (num_heads, (2 height - 1)(2 width - 1)).
+
+  Raises:
+    ValueError: for an unknown kind, or a relative kind without its ``max_len`` or ``grid``.
+
+  Example:
+    >>> from maskprior_jax.attention import mask_shape
+    >>> mask_shape("relative_1d", 4, 16, 16, max_len=32)
+    (4, 63)
+  """
   return _layout(kind).shape(num_heads, q_len, kv_len, max_len, grid)
 
 
 def relative_1d_index(q_len: int, kv_len: int, max_len: int) -> np.ndarray:
-  """(q_len, kv_len) indices into a (2*max_len-1) offset table: k - q + max_len - 1."""
+  """Indices into a (2 max_len - 1) table of offsets: ``k - q + max_len - 1``.
+
+  Args:
+    q_len: query length.
+    kv_len: key/value length.
+    max_len: the table's longest sequence.
+
+  Returns:
+    An integer ``np.ndarray`` of shape (q_len, kv_len).
+
+  Raises:
+    ValueError: if a length exceeds ``max_len``.
+  """
   if max(q_len, kv_len) > max_len:
     raise ValueError(f"sequence length {max(q_len, kv_len)} exceeds the relative mask's max_len={max_len}")
   return np.arange(kv_len)[None, :] - np.arange(q_len)[:, None] + max_len - 1
 
 
 def relative_2d_index(grid: tuple[int, int]) -> np.ndarray:
-  """(gh*gw, gh*gw) indices into a ((2gh-1)*(2gw-1)) table of 2-D offsets."""
+  """Indices into a ((2 height - 1)(2 width - 1)) table of 2-D offsets on a patch grid.
+
+  Args:
+    grid: (height, width) of the patch grid; patches are numbered row by row.
+
+  Returns:
+    An integer ``np.ndarray`` of shape (height * width, height * width).
+  """
   gh, gw = grid
   ys, xs = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
   ys, xs = ys.reshape(-1), xs.reshape(-1)
@@ -148,16 +205,50 @@ def relative_2d_index(grid: tuple[int, int]) -> np.ndarray:
 def expand_mask(stored: jax.Array, kind: str, q_len: int, kv_len: int, *,
                 max_len: int | None = None, grid: tuple[int, int] | None = None,
                 num_prefix: int = 0) -> jax.Array:
-  """The stored bias as a dense (heads, q_len, kv_len) (or (1, q, kv) if shared) logit bias
-  (see `MASK_LAYOUTS`)."""
+  """A stored mask prior as a dense logit bias (see `MASK_LAYOUTS`).
+
+  Args:
+    stored: the stored bias, in `mask_shape`'s shape for ``kind``.
+    kind: its mask kind.
+    q_len: query length.
+    kv_len: key/value length.
+    max_len: the offset table's length ("relative_1d").
+    grid: (height, width) of the patch grid ("relative_2d").
+    num_prefix: tokens before the grid ("relative_2d"); they get bias 0 to and from every token.
+
+  Returns:
+    The dense bias, (heads, q_len, kv_len), or (1, q_len, kv_len) for kind "shared".
+
+  Raises:
+    ValueError: for an unknown kind or lengths the layout cannot serve.
+  """
   return _layout(kind).expand(stored, q_len, kv_len, max_len, grid, num_prefix)
 
 
 def dense_mask_bias(module: nn.Module, settings: "MaskSettings", name: str, num_heads: int, q_len: int,
                     kv_len: int, *, num_prefix: int = 0, dtype: Any = jnp.float32) -> jax.Array:
-  """The mask prior held by `module` (a variable `name` in its MASK_PRIOR collection, created from
-  `settings.init` on first use, in the kind's stored shape) as a dense (heads or 1, q_len, kv_len)
-  logit bias. Call it from inside the module's compact method."""
+  """The mask prior a Linen module holds, as a dense logit bias; call it inside a compact method.
+
+  The prior is the variable ``name`` of the module's ``"mask_prior"`` collection, created from
+  ``settings.init`` on first use (with the "params" RNG stream) in the kind's stored shape.
+
+  Args:
+    module: the Linen module that holds the variable.
+    settings: the `MaskSettings` (initializer and kind).
+    name: the variable's name in the collection.
+    num_heads: attention heads.
+    q_len: query length.
+    kv_len: key/value length.
+    num_prefix: tokens before the grid ("relative_2d").
+    dtype: the stored variable's dtype.
+
+  Returns:
+    The dense bias, (heads or 1, q_len, kv_len).
+
+  Raises:
+    ValueError: if the stored variable's shape is not the kind's, or the initializer fails its
+      checks (shape, finite values, the kinds it was built for).
+  """
   kind = settings.kind
   shape = mask_shape(kind, num_heads, q_len, kv_len, max_len=settings.max_len, grid=settings.grid)
   stored = module.variable(MASK_PRIOR, name, lambda: _checked_init(settings.init, module.make_rng("params"),
@@ -171,48 +262,70 @@ def dense_mask_bias(module: nn.Module, settings: "MaskSettings", name: str, num_
 class MaskPriorAttention(nn.Module):
   """Multi-head dot-product attention with a learnable additive mask prior.
 
-  A drop-in for `flax.linen.MultiHeadDotProductAttention`: the same attribute names, call
-  keywords (`inputs_k`, `inputs_v`, `inputs_kv`, `mask`, `deterministic`, `dropout_rng`,
-  `sow_weights`) and parameter tree, plus the mask prior.
+  ``logits[b, h, q, k] = q . k / sqrt(head_dim) + B[h, q, k]``, where ``B`` is the variable
+  ``"bias"`` of the ``"mask_prior"`` collection (`MASK_PRIOR`), never in ``"params"``, so an
+  optimizer can treat it on its own (`mask_prior_optimizer`). A drop-in for
+  ``flax.linen.MultiHeadDotProductAttention``: the same attribute names, call keywords and
+  parameter tree ("query", "key", "value", "out"), plus the mask prior. Without ``mask_init``
+  it is plain attention and creates no "mask_prior" collection.
 
   Attributes:
-    num_heads: number of heads.
-    qkv_features: total width of q, k, v (default: input width); d_head = qkv_features / num_heads.
-    out_features: output width (default: input width).
-    dropout_rate, broadcast_dropout, deterministic: attention-weight dropout, as in Flax (the
-      "dropout" RNG stream, or `dropout_rng`).
-    mask_init: initializer `(key, shape, dtype) -> B`, or an array broadcast to the stored
-      shape; None means vanilla attention. An initializer from `maskprior_jax.priors` names the
-      mask kinds it was built for, and another kind is refused.
-    mask_kind: "full", "shared", "relative_1d" or "relative_2d" (see `mask_shape`).
-    max_len: table size for "relative_1d".
-    grid: (height, width) patch grid for "relative_2d".
+    num_heads: number of attention heads.
+    qkv_features: total width of queries, keys and values (default: the input width);
+      ``head_dim = qkv_features // num_heads``.
+    out_features: output width (default: the input width).
+    dtype: the computation dtype (default: inferred from the inputs and parameters).
+    param_dtype: the parameters' and the mask prior's dtype.
+    broadcast_dropout: one attention-dropout mask for every batch element and head.
+    dropout_rate: attention-weight dropout rate (the "dropout" RNG stream, or ``dropout_rng``).
+    deterministic: no dropout; may instead be given to the call.
+    precision: the ``jax.lax.Precision`` of the projections and the attention.
+    kernel_init: initializer of the query, key and value kernels.
+    out_kernel_init: initializer of the output kernel (default: ``kernel_init``).
+    bias_init: initializer of the projections' biases.
+    out_bias_init: initializer of the output bias (default: ``bias_init``).
+    use_bias: the projections have biases.
+    mask_init: the prior's initializer ``(key, shape, dtype) -> B`` (see `maskprior_jax.priors`),
+      or an array broadcast to the stored shape; None: vanilla attention. An initializer from
+      `maskprior_jax.priors` names the kinds it was built for, and another kind is refused.
+    mask_kind: how ``B`` is stored: "full" (heads, q_len, kv_len), "shared" (q_len, kv_len),
+      "relative_1d" (heads, 2 max_len - 1: one logit per offset) or "relative_2d" (heads,
+      (2 height - 1)(2 width - 1): one logit per 2-D offset); see `mask_shape`.
+    max_len: the longest sequence, for "relative_1d".
+    grid: (height, width) of the patch grid, for "relative_2d".
     num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
-    implementation: None or "xla" (XLA's attention; what None means in this JAX version),
-      "cudnn" (cuDNN's fused kernel; GPU only, and its support for a learnable bias and its
-      gradient depends on shape and dtype), "blockwise" (`maskprior_jax.blockwise`: memory per
-      key block, any backend), or "auto": cuDNN where `attention_implementation` says it is safe
-      for this call, XLA otherwise.
-    dtype / param_dtype / precision / kernel_init / out_kernel_init / bias_init /
-      out_bias_init / use_bias: as in Flax.
+    implementation: None or "xla" (XLA's attention), "cudnn" (cuDNN's fused kernel, GPU only),
+      "blockwise" (`maskprior_jax.blockwise`: memory per key block, any backend) or "auto" (cuDNN
+      where `attention_implementation` says it is safe for the call, XLA otherwise).
+    sow_weights: store the attention weights in "intermediates" under `ATTENTION_WEIGHTS`.
+    num_kv_heads: key/value heads for grouped-query attention, dividing ``num_heads`` (query head
+      h reads key/value head ``h // (num_heads // num_kv_heads)``); default ``num_heads``.
+    attention_fn: a Flax-style attention function, e.g. ``flax.linen.dot_product_attention``,
+      called with the mask prior (plus any call ``bias``) as ``bias``; default: this module's
+      own paths.
+    decode: autoregressive decoding with a key/value cache, as Flax: ``init`` with the
+      full-length input creates the "cache" collection; each ``apply(..., mutable=["cache"])``
+      then takes one token and uses its own row of the prior, so decoding token by token equals
+      the full pass with a causal mask.
+    normalize_qk: LayerNorm (scale only) over the head dimension of queries and keys
+      ("query_ln", "key_ln"), as Flax.
 
-    num_kv_heads: key/value heads for grouped-query attention (dividing num_heads; query head h
-      reads key/value head h // (num_heads / num_kv_heads)); default num_heads.
-    attention_fn: a Flax-style attention function, called as `attention_fn(query, key, value,
-      bias=..., mask=..., dropout_rng=..., dropout_rate=..., broadcast_dropout=..., deterministic=...,
-      dtype=..., precision=..., module=None)` with the mask prior (plus any `bias` argument) as
-      `bias`, e.g. `flax.linen.dot_product_attention`; default: this module's own paths.
+  Not supported on purpose: Flax's ``force_fp32_for_softmax`` (the softmax is always float32)
+  and the deprecated dot_general and einsum class hooks.
 
-    decode: autoregressive decoding with a key/value cache, as Flax: `init` with the full-length
-      input creates the "cache" collection (keys and values of `num_kv_heads` heads, the index);
-      then each `apply(..., mutable=["cache"])` takes one token, attends to the tokens cached so
-      far, and uses its own row of the mask prior (relative kinds: its own offsets), so decoding
-      token by token equals the full pass with a causal mask.
-    normalize_qk: LayerNorm (scale only) over the head dimension of queries and keys ("query_ln",
-      "key_ln"), as Flax.
-
-  Not supported (Flax's attributes missing here on purpose): `force_fp32_for_softmax` (softmax
-  is always float32) and the deprecated dot_general / einsum class hooks.
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import maskprior_jax as mp
+    >>> layer = mp.MaskPriorAttention(
+    ...     num_heads=2, mask_init=mp.priors.interaction_groups([[0, 1], [2, 3]], outside=-4.0))
+    >>> x = jnp.ones((8, 4, 16))                      # (batch, length, features)
+    >>> variables = layer.init(jax.random.key(0), x)
+    >>> sorted(variables)
+    ['mask_prior', 'params']
+    >>> variables["mask_prior"]["bias"].shape         # (heads, q_len, kv_len)
+    (2, 4, 4)
+    >>> layer.apply(variables, x).shape
+    (8, 4, 16)
   """
   num_heads: int
   qkv_features: int | None = None
@@ -246,16 +359,30 @@ class MaskPriorAttention(nn.Module):
                mask: jax.Array | None = None, bias: jax.Array | None = None,
                deterministic: bool | None = None, dropout_rng: jax.Array | None = None,
                sow_weights: bool = False) -> jax.Array:
-    """Attend from `inputs_q` (..., q_len, features) to `inputs_k`/`inputs_v` (..., kv_len, features).
+    """Attends from ``inputs_q`` to ``inputs_k`` and ``inputs_v``.
 
-    inputs_k defaults to inputs_q and inputs_v to inputs_k (self-attention); `inputs_kv`
-    sets both (Flax's older keyword; not together with inputs_k or inputs_v).
-    mask: boolean, broadcastable to (batch, heads, q_len, kv_len); False excludes a pair
-      whatever the bias says (Flax's convention).
-    bias: an extra additive logit bias broadcastable to (batch, heads, q_len, kv_len), e.g.
-      a mask prior shared across layers.
-    deterministic: no attention dropout (defaults to the attribute; needed when dropout_rate > 0).
-    sow_weights: store the attention weights in "intermediates" under ATTENTION_WEIGHTS.
+    Args:
+      inputs_q: queries' inputs, (..., q_len, features).
+      inputs_k: keys' inputs, (..., kv_len, features); default ``inputs_q`` (self-attention).
+      inputs_v: values' inputs, (..., kv_len, features); default ``inputs_k``.
+      inputs_kv: Flax's older keyword for both keys' and values' inputs (not together with
+        ``inputs_k`` or ``inputs_v``).
+      mask: boolean, broadcastable to (batch, heads, q_len, kv_len); False excludes a pair
+        whatever the bias says (Flax's convention).
+      bias: an extra additive logit bias broadcastable to (batch, heads, q_len, kv_len), e.g. a
+        mask prior shared across layers; it is added to this layer's prior.
+      deterministic: no attention dropout; defaults to the attribute (needed when
+        ``dropout_rate > 0``).
+      dropout_rng: the key for attention dropout; default a key from the "dropout" RNG stream.
+      sow_weights: store the attention weights, (..., heads, q_len, kv_len), in "intermediates"
+        under ``ATTENTION_WEIGHTS``.
+
+    Returns:
+      The output, (..., q_len, out_features).
+
+    Raises:
+      ValueError: for ``inputs_kv`` with ``inputs_k``/``inputs_v``, ``qkv_features`` not divisible
+        by ``num_heads``, an unknown mask kind, or a mask prior that does not fit the lengths.
     """
     inputs_k, inputs_v = _kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv)
     _layout(self.mask_kind)
@@ -367,9 +494,16 @@ def _kv_inputs(inputs_q, inputs_k, inputs_v, inputs_kv):
 
 
 def dropout_shape(weights_shape: tuple[int, ...], broadcast: bool) -> tuple[int, ...]:
-  """The attention-dropout mask's shape, as Flax's `dot_product_attention_weights`: with
-  `broadcast_dropout` one (q_len, kv_len) mask shared by every batch element and head, else one
-  per weight."""
+  """The attention-dropout mask's shape, as Flax's ``dot_product_attention_weights``.
+
+  Args:
+    weights_shape: the attention weights' shape, (..., heads, q_len, kv_len).
+    broadcast: Flax's ``broadcast_dropout``: one (q_len, kv_len) mask shared by every batch
+      element and head.
+
+  Returns:
+    ``(1, ..., 1, q_len, kv_len)`` with ``broadcast``, else ``weights_shape``.
+  """
   if not broadcast:
     return tuple(weights_shape)
   return (1,) * (len(weights_shape) - 2) + tuple(weights_shape[-2:])
@@ -378,9 +512,20 @@ def dropout_shape(weights_shape: tuple[int, ...], broadcast: bool) -> tuple[int,
 def decode_step(cached_key, cached_value, position, key, value, mask):
   """One autoregressive step with a key/value cache (arrays in, arrays out; the modules store them).
 
-  cached_key/cached_value: (..., max_length, kv_heads, head_dim); position: the cache index (int32
-  scalar); key/value: the new token's (..., 1, kv_heads, head_dim), written at `position`. Returns
-  the updated keys and values, and `mask` combined with "key position <= the token's".
+  Args:
+    cached_key: the cache's keys, (..., max_length, kv_heads, head_dim).
+    cached_value: the cache's values, same shape.
+    position: the cache index, an int32 scalar: where the new token is written.
+    key: the new token's key, (..., 1, kv_heads, head_dim).
+    value: the new token's value, same shape.
+    mask: a boolean mask to combine with causality, or None.
+
+  Returns:
+    ``(keys, values, mask)``: the updated cache and ``mask`` combined with "key position <= the
+    token's", (..., 1, 1, max_length).
+
+  Raises:
+    ValueError: if ``key`` is not one token of the cache's shape.
   """
   *batch, max_length, heads, depth = cached_key.shape
   expected = tuple(batch) + (1, heads, depth)

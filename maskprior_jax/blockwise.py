@@ -15,6 +15,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+__all__ = ["blockwise_attention"]
+
 
 def _as4(x):
   if x is None:
@@ -84,7 +86,23 @@ def _forward(query, key, value, bias, mask, block_size):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def blockwise_attention(query, key, value, bias=None, mask=None, block_size: int = 128):
-  """softmax(q.k/sqrt(H) + bias, where mask) . v, key block by key block (see the module)."""
+  """``softmax(q . k / sqrt(H) + bias, where mask) . v``, key block by key block.
+
+  The forward pass keeps only the output and each row's log-sum-exp; the custom VJP walks the
+  key blocks again, so temporaries are batch x heads x T x ``block_size``, and the bias gradient
+  comes back at the bias's own size.
+
+  Args:
+    query: (B, T, N, H).
+    key: (B, S, N, H).
+    value: (B, S, N, H).
+    bias: an additive logit bias broadcastable to (B, N, T, S).
+    mask: boolean, broadcastable to (B, N, T, S); False excludes a pair.
+    block_size: keys per block.
+
+  Returns:
+    The attention output, (B, T, N, H), in the query's dtype.
+  """
   return _forward(query, key, value, bias, mask, block_size)[0]
 
 

@@ -30,13 +30,16 @@ logger = logging.getLogger(__name__)
 
 
 class Preempted(RuntimeError):
-  """The process got SIGTERM; a checkpoint was written."""
+  """Raised after SIGTERM once a checkpoint was written; rerun the same command to resume."""
 
 
 class SigtermFlag:
-  """While active, SIGTERM sets `.raised` instead of killing the process. With `install=False` it
-  leaves signals alone (several processes: JAX's preemption service holds SIGTERM, see
-  `train.train_seeds`)."""
+  """A context in which SIGTERM sets ``.raised`` instead of killing the process.
+
+  Args:
+    install: False leaves signals alone (several processes: JAX's preemption service holds
+      SIGTERM, see `maskprior_jax.train.train_seeds`).
+  """
 
   def __init__(self, install: bool = True):
     self.raised = False
@@ -70,11 +73,21 @@ def _write_error(e: Exception, directory: os.PathLike) -> OSError:
 
 
 class Checkpointer:
-  """The training loop's checkpoints (orbax `CheckpointManager`): the stacked state and a JSON
-  record (step, evaluation history) per saved step, `max_to_keep` kept. `restore_latest(abstract)`
-  returns (state, record) of the newest readable step, or None; a step that cannot be read is moved
-  aside (`unreadable_STEP`, a warning through the `maskprior_jax.checkpoint` logger) and the previous
-  one tried. Raises OSError naming the folder when a save fails (disk full, permissions)."""
+  """The training loop's checkpoints (an orbax ``CheckpointManager``).
+
+  Each saved step holds the stacked state and a JSON record (step, evaluation history);
+  ``max_to_keep`` steps are kept. ``restore_latest(abstract_state)`` returns ``(state, record)``
+  of the newest readable step, or None; a step that cannot be read is moved aside
+  (``unreadable_STEP``, with a warning through the ``maskprior_jax.checkpoint`` logger) and the
+  previous one tried.
+
+  Args:
+    directory: the checkpoint folder (a local path or a ``gs://`` address).
+    max_to_keep: the newest steps kept.
+
+  Raises:
+    OSError: naming the folder, when a save fails (disk full, permissions).
+  """
 
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 2):
     """`directory`: a local folder or one on storage orbax writes to (`gs://...`)."""
@@ -137,7 +150,22 @@ class Checkpointer:
 
 
 def tree_sha256(tree: Any) -> str:
-  """Digest of a pytree's leaves (dtype, shape and bytes, in tree order)."""
+  """A digest of a pytree's leaves: dtype, shape and bytes, in tree order.
+
+  Args:
+    tree: a pytree of arrays.
+
+  Returns:
+    The SHA-256 hex digest; equal digests mean bit-identical states.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from maskprior_jax.checkpoint import tree_sha256
+    >>> tree_sha256({"w": jnp.zeros(3)}) == tree_sha256({"w": jnp.zeros(3)})
+    True
+    >>> tree_sha256({"w": jnp.zeros(3)}) == tree_sha256({"w": -jnp.zeros(3)})   # -0.0 has other bits
+    False
+  """
   h = hashlib.sha256()
   for leaf in jax.tree.leaves(jax.device_get(tree)):
     a = np.ascontiguousarray(np.asarray(leaf))

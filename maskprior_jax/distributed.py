@@ -30,8 +30,14 @@ HEARTBEAT_TIMEOUT = 10   # seconds without a heartbeat before the runtime calls 
 
 
 def heartbeat_timeout() -> int:
-  """Seconds without a heartbeat after which JAX's runtime calls a process lost and ends the others:
-  $MASKPRIOR_HEARTBEAT_TIMEOUT, else `HEARTBEAT_TIMEOUT` (JAX's own default is 100)."""
+  """Seconds without a heartbeat after which JAX's runtime calls a process lost.
+
+  Returns:
+    $MASKPRIOR_HEARTBEAT_TIMEOUT, else ``HEARTBEAT_TIMEOUT`` (JAX's own default is 100).
+
+  Raises:
+    ValueError: if the variable is not a whole number of seconds.
+  """
   value = os.environ.get("MASKPRIOR_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
   if not value.isdigit() or int(value) < 1:
     raise ValueError(f"$MASKPRIOR_HEARTBEAT_TIMEOUT must be a whole number of seconds, not {value!r}")
@@ -47,8 +53,12 @@ def _runtime_settings() -> dict:
 
 
 def detect_cluster() -> str | None:
-  """The cluster environment JAX's own detection recognises here ("slurm", "ompi", "gce_tpu",
-  "gke_tpu", "k8s", ...: what `jax.distributed.initialize()` with no arguments would use), or None."""
+  """The cluster environment JAX's own detection recognises here.
+
+  Returns:
+    "slurm", "ompi", "gce_tpu", "gke_tpu", "k8s", ... (what ``jax.distributed.initialize()``
+    with no arguments would use), or None.
+  """
   try:
     from jax._src import clusters
     kinds = list(clusters.ClusterEnv._cluster_types)
@@ -68,11 +78,26 @@ def detect_cluster() -> str | None:
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, mode: str = "auto") -> str:
-  """Start the distributed runtime where this is one of several processes; returns how (also
-  `started()`): "flags" (explicit settings), "detected: <cluster>" (JAX's detection), or "single
-  process". mode "auto": explicit settings, else JAX's detection, else one process; "on": the same
-  but a ValueError where neither gives a runtime; "off": never start it (explicit settings are then
-  an error)."""
+  """Starts JAX's distributed runtime where this is one of several processes.
+
+  Explicit settings win (arguments, or the environment variables MASKPRIOR_COORDINATOR,
+  MASKPRIOR_NUM_PROCESSES, MASKPRIOR_PROCESS_ID); otherwise JAX's own cluster detection (Cloud TPU
+  VM slices, SLURM, Open MPI, Kubernetes) is asked; otherwise this stays one process.
+
+  Args:
+    coordinator: the coordinator's "host:port".
+    num_processes: the number of processes.
+    process_id: this process's index.
+    mode: "auto" (as above), "on" (the same, but an error where neither gives a runtime) or
+      "off" (never start it; explicit settings are then an error).
+
+  Returns:
+    How it started (also `started`): "flags", "detected: <cluster>" or "single process".
+
+  Raises:
+    ValueError: for an unknown mode, "on" with no runtime to start, "off" with explicit
+      settings, or an invalid $MASKPRIOR_HEARTBEAT_TIMEOUT.
+  """
   global _started
   if mode not in MODES:
     raise ValueError(f"--distributed must be one of {', '.join(MODES)}, not {mode!r}")
@@ -106,17 +131,35 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
 
 def started() -> str:
-  """How this process's runtime was started (see `initialize`)."""
+  """How this process's runtime was started.
+
+  Returns:
+    The string `initialize` returned ("single process" before it is called).
+  """
   return _started
 
 
 def is_main_process() -> bool:
-  """True in process 0 (the one that writes results and prints tables), and in a single process."""
+  """Whether this is process 0, the one that writes results and prints tables.
+
+  Returns:
+    True in process 0 and in a single process.
+  """
   return jax.process_index() == 0
 
 
 def process_slice(global_batch_size: int) -> slice:
-  """This process's rows of a global batch (processes hold equal, contiguous shares)."""
+  """This process's rows of a global batch (processes hold equal, contiguous shares).
+
+  Args:
+    global_batch_size: rows of the global batch.
+
+  Returns:
+    A ``slice`` into the batch axis.
+
+  Raises:
+    ValueError: if the batch does not divide by the number of processes.
+  """
   return _part_slice(global_batch_size, process_part())
 
 
@@ -129,32 +172,74 @@ def _part_slice(size: int, part: tuple[int, int]) -> slice:
 
 
 def process_part() -> tuple[int, int]:
-  """(this process's index, number of processes): the `part` a host batch function builds."""
+  """The ``part`` a host batch function builds in this process.
+
+  Returns:
+    ``(process index, number of processes)``.
+  """
   return jax.process_index(), jax.process_count()
 
 
 def take_part(rows, part: tuple[int, int] = (0, 1)):
-  """Share i of n equal contiguous shares of `rows` (along the first axis), part = (i, n):
-  what process i of n feeds of a global batch whose rows are `rows` (the same rows as
-  `process_slice` in that process)."""
+  """Share i of n equal, contiguous shares of ``rows`` along the first axis.
+
+  What process i of n feeds of a global batch whose rows are ``rows`` (the same rows as
+  `process_slice` in that process).
+
+  Args:
+    rows: an array (or anything sliceable) with the batch on its first axis.
+    part: ``(i, n)``.
+
+  Returns:
+    ``rows[i * len(rows) // n:(i + 1) * len(rows) // n]``.
+
+  Raises:
+    ValueError: if the rows do not divide into n shares.
+
+  Example:
+    >>> import numpy as np
+    >>> from maskprior_jax.distributed import take_part
+    >>> take_part(np.arange(8), (1, 4))
+    array([2, 3])
+  """
   return rows[_part_slice(len(rows), part)]
 
 
 def global_batch(local: dict, mesh: Mesh, batch_axis: int = 0) -> dict:
-  """Assemble per-process rows into one global array per leaf, sharded over "data"."""
+  """Assembles per-process rows into one global array per leaf, sharded over "data".
+
+  Args:
+    local: this process's rows, a dict of arrays.
+    mesh: the "data" mesh.
+    batch_axis: leading axes before the batch axis (e.g. 1 for a leading seed axis).
+
+  Returns:
+    A dict of global ``jax.Array`` s.
+  """
   sharding = batch_sharding(mesh, batch_axis)
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)
 
 
 def barrier(name: str) -> None:
-  """Wait until every process gets here (no-op for one process)."""
+  """Waits until every process gets here (a no-op for one process).
+
+  Args:
+    name: the barrier's name (every process must use the same).
+  """
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 
 
 def broadcast_flag(flag: bool) -> bool:
-  """Process 0's `flag` in every process (itself for one process)."""
+  """Process 0's ``flag`` in every process.
+
+  Args:
+    flag: this process's value.
+
+  Returns:
+    Process 0's value (``flag`` itself for one process).
+  """
   if jax.process_count() == 1:
     return bool(flag)
   from jax.experimental import multihost_utils
@@ -162,8 +247,15 @@ def broadcast_flag(flag: bool) -> bool:
 
 
 def host_tree(tree):
-  """The same pytree as numpy arrays in every process: fully addressable or fully replicated
-  leaves are read locally, leaves sharded over other processes' devices are all-gathered."""
+  """The same pytree as numpy arrays in every process.
+
+  Args:
+    tree: a pytree of ``jax.Array`` s.
+
+  Returns:
+    The pytree as numpy arrays: fully addressable or replicated leaves are read locally, leaves
+    sharded over other processes' devices are all-gathered.
+  """
   def get(a):
     if not isinstance(a, jax.Array) or a.is_fully_addressable:
       return np.asarray(jax.device_get(a))

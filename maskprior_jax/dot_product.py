@@ -50,12 +50,19 @@ _TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("m
 
 @contextlib.contextmanager
 def for_platform(platform: str | None):
-  """Within this block, "auto" attention resolves for `platform` ("cpu", "gpu" or "tpu"; None: the
-  process's backend) instead of `jax.default_backend()`. Resolution happens while a program is
-  traced, so trace (`jit(...).trace`, `.lower`) inside the block::
+  """A context in which "auto" attention resolves for another platform than this process's.
+
+  Resolution happens while a program is traced, so trace (``jit(...).trace``, ``.lower``)
+  inside the block; this is how the library compiles GPU and TPU programs on a CPU::
 
     with mp.attention.for_platform("gpu"):
       lowered = step.trace(state, batch).lower(lowering_platforms=("cuda",))
+
+  Args:
+    platform: "cpu", "gpu" or "tpu"; None: the process's backend.
+
+  Raises:
+    ValueError: for another platform name.
   """
   if platform not in (None, *PLATFORMS):
     raise ValueError(f"platform must be None or one of {', '.join(PLATFORMS)}, not {platform!r}")
@@ -67,7 +74,12 @@ def for_platform(platform: str | None):
 
 
 def target_platform() -> str:
-  """The platform "auto" attention resolves for now: `for_platform`'s, else the process's backend."""
+  """The platform "auto" attention resolves for now.
+
+  Returns:
+    The platform set by `for_platform`, else the platform of the devices set for a target
+    (``maskprior_jax.sharding.for_devices``), else ``jax.default_backend()``.
+  """
   if _TARGET_PLATFORM.get():
     return _TARGET_PLATFORM.get()
   from maskprior_jax import sharding   # devices set for a target (`sharding.for_devices`)
@@ -75,10 +87,27 @@ def target_platform() -> str:
 
 
 def cudnn_unsupported(q_len: int, kv_len: int, head_dim: int) -> str | None:
-  """Why cuDNN's fused attention (as this JAX calls it, bfloat16/float16) refuses a training call of
-  these sizes, or None: the head dimension must be a multiple of 8 and at most 128 (256 from Hopper on;
-  the lower bound is used, as a program built ahead of time cannot ask the device), and both sequence
-  lengths must be even (JAX checks it for every differentiated call, with a bias or without)."""
+  """Why cuDNN's fused attention refuses a training call of these sizes, or None.
+
+  The head dimension must be a multiple of 8 and at most 128 (256 from Hopper on; the lower
+  bound is used, as a program built ahead of time cannot ask the device), and both sequence
+  lengths must be even (JAX checks it for every differentiated call).
+
+  Args:
+    q_len: query length.
+    kv_len: key/value length.
+    head_dim: the head dimension.
+
+  Returns:
+    A one-line reason, or None where cuDNN supports the sizes.
+
+  Example:
+    >>> from maskprior_jax.attention import cudnn_unsupported
+    >>> cudnn_unsupported(16, 16, 64) is None
+    True
+    >>> cudnn_unsupported(17, 17, 64)[:40]
+    "cuDNN's fused attention (trained) needs "
+  """
   if head_dim % 8 or head_dim > 128:
     return f"cuDNN's fused attention needs a head dimension that is a multiple of 8 and at most 128, not {head_dim}"
   if q_len % 2 or kv_len % 2:
@@ -91,16 +120,33 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
                              backend: str | None = None, *, shape: tuple[int, int, int] | None = None) -> str:
   """The attention path a call will use: "xla", "cudnn" or "blockwise".
 
-  "auto" picks cuDNN only on a GPU (`backend`, else `target_platform()`: the platform set by
-  `for_platform`, or the process's backend), for bfloat16/float16 inputs, and where the bias (if any)
-  has a batch dimension of 1 (one bias for the whole batch, as a mask prior; a float32 bias has been
-  reported to give NaNs); everything else runs XLA. Several runs stacked under `jax.vmap` (one
-  prior per run) keep the fused kernel: the run axis is folded into the heads (see
-  `dot_product_attention`). With `shape` = (q_len, kv_len, head_dim), "auto" also keeps to the sizes
-  cuDNN supports (`cudnn_unsupported`: e.g. an odd sequence length runs XLA). None means
-  "xla" (this JAX version's choice). "blockwise"
-  (`maskprior_jax.blockwise`) runs on any backend with memory linear in the key length per block, and
-  returns the bias gradient at the bias's own size.
+  "auto" picks cuDNN only on a GPU, for bfloat16 or float16 inputs, where the bias (if any) has a
+  batch dimension of 1 (one bias for the whole batch, as a mask prior) and, with ``shape``, for
+  sizes cuDNN supports (`cudnn_unsupported`); everything else runs XLA. Several runs stacked
+  under ``jax.vmap`` (one prior per run) keep the fused kernel: the run axis is folded into the
+  heads (see `dot_product_attention`).
+
+  Args:
+    requested: None or "xla" (XLA), "cudnn", "blockwise" (`maskprior_jax.blockwise`, any
+      backend) or "auto".
+    dtype: the inputs' dtype.
+    bias_batch: the bias's batch dimension (None: no bias or mask).
+    backend: the platform to resolve for; default `target_platform`.
+    shape: (q_len, kv_len, head_dim), to keep "auto" to the sizes cuDNN supports.
+
+  Returns:
+    "xla", "cudnn" or "blockwise".
+
+  Raises:
+    ValueError: for an unknown ``requested``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from maskprior_jax.attention import attention_implementation
+    >>> attention_implementation("auto", jnp.bfloat16, 1, backend="gpu", shape=(64, 64, 32))
+    'cudnn'
+    >>> attention_implementation("auto", jnp.float32, 1, backend="gpu")
+    'xla'
   """
   if requested in (None, "xla"):
     return "xla"
@@ -117,18 +163,44 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
                           mask: jax.Array | None = None, *, implementation: str | None = None,
                           block_size: int = 128) -> jax.Array:
-  """softmax(q.k/sqrt(H) + bias, where mask) . v with `jax.nn.dot_product_attention`'s layout:
-  query (B, T, N, H), key/value (B, S, N, H), bias (additive) and mask (boolean, False excludes)
-  broadcastable to (B, N, T, S). implementation: None/"xla" (XLA's attention), "cudnn" (GPU, where
-  cuDNN supports the case), "blockwise" (pure JAX, any backend: key blocks of `block_size` with an
-  online softmax and a custom VJP that recomputes scores block by block; the bias gradient comes
-  back at the bias's own size), or "auto" (see `attention_implementation`).
+  """``softmax(q . k / sqrt(H) + bias, where mask) . v``, in ``jax.nn.dot_product_attention``'s layout.
 
-  cuDNN with a bias under `jax.vmap` (several runs in one program, each with its own prior): JAX's
-  batching rule for the fused kernel assumes that a batched bias carries the example batch, so the
-  call is made through `heads_folded_attention` instead, which folds the mapped axis into the heads
-  ((R, B, T, N, H) -> (B, T, R*N, H), the bias (R, Bb, N, T, S) -> (Bb, R*N, T, S)): one fused call
-  forward and one backward for all runs, the bias gradient at the bias's own size."""
+  cuDNN with a bias under ``jax.vmap`` (several runs in one program, each with its own prior):
+  JAX's batching rule for the fused kernel assumes that a batched bias carries the example
+  batch, so the call goes through `heads_folded_attention`, which folds the mapped axis into the
+  heads: one fused call forward and one backward for all runs, the bias gradient at the bias's
+  own size.
+
+  Args:
+    query: (B, T, N, H): batch, query length, heads, head dimension.
+    key: (B, S, N, H).
+    value: (B, S, N, H).
+    bias: an additive logit bias broadcastable to (B, N, T, S), e.g. a dense mask prior.
+    mask: boolean, broadcastable to (B, N, T, S); False excludes a pair.
+    implementation: None or "xla" (XLA's attention), "cudnn" (GPU, where cuDNN supports the
+      case), "blockwise" (pure JAX, any backend: key blocks of ``block_size`` with an online
+      softmax and a custom VJP that recomputes scores block by block) or "auto" (see
+      `attention_implementation`).
+    block_size: keys per block for "blockwise".
+
+  Returns:
+    The attention output, (B, T, N, H).
+
+  Raises:
+    ValueError: for an unknown implementation, or "cudnn" for sizes it does not support.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import maskprior_jax as mp
+    >>> q = k = v = jax.random.normal(jax.random.key(0), (2, 6, 4, 8))
+    >>> bias = mp.attention.expand_mask(jnp.zeros((4, 11)), "relative_1d", 6, 6, max_len=6)
+    >>> out = mp.dot_product_attention(q, k, v, bias=bias)
+    >>> out.shape
+    (2, 6, 4, 8)
+    >>> blockwise = mp.dot_product_attention(q, k, v, bias=bias, implementation="blockwise", block_size=2)
+    >>> bool(jnp.allclose(out, blockwise, atol=1e-5))
+    True
+  """
   bias_batch = None if bias is None and mask is None else (
       jnp.shape(bias)[0] if bias is not None and jnp.ndim(bias) == 4 else 1)
   shape = (query.shape[-3], key.shape[-3], query.shape[-1])
@@ -198,13 +270,24 @@ def _heads_folded_call(implementation: str):
 
 def heads_folded_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
                            mask: jax.Array | None = None, *, implementation: str = "cudnn") -> jax.Array:
-  """`jax.nn.dot_product_attention(..., implementation=implementation)` whose `jax.vmap` folds the
-  mapped axis into the heads instead of the batch: R stacked runs, each with its own bias, are one
-  call over R*N heads with the bias's batch dimension unchanged (cuDNN's batching rule would need a
-  bias that carries the example batch). Layout as `dot_product_attention`: query (B, T, N, H),
-  key/value (B, S, N, H) (N heads each), bias broadcastable to (B, N, T, S); a boolean mask is added
-  to the bias as a large negative logit, as JAX's cuDNN path does. Gradients: one backward call,
-  the bias's at the bias's shape (batch 1 or B, N heads)."""
+  """``jax.nn.dot_product_attention`` whose ``jax.vmap`` folds the mapped axis into the heads.
+
+  R stacked runs, each with its own bias, become one call over R x N heads with the bias's batch
+  dimension unchanged (cuDNN's batching rule would need a bias that carries the example batch).
+  A boolean mask is added to the bias as a large negative logit, as JAX's cuDNN path does.
+
+  Args:
+    query: (B, T, N, H).
+    key: (B, S, N, H).
+    value: (B, S, N, H).
+    bias: broadcastable to (B, N, T, S).
+    mask: boolean, broadcastable to (B, N, T, S).
+    implementation: passed to ``jax.nn.dot_product_attention``.
+
+  Returns:
+    The attention output, (B, T, N, H); gradients come from one backward call, the bias's at
+    the bias's shape (batch 1 or B, N heads).
+  """
   n = query.shape[-2]
   dtype = query.dtype
   if bias is not None:
@@ -224,10 +307,20 @@ def heads_folded_attention(query: jax.Array, key: jax.Array, value: jax.Array, b
 
 def with_prior_bias(attention_fn: Callable[..., jax.Array],
                     prior: Callable[[int, int], jax.Array]) -> Callable[..., jax.Array]:
-  """A Flax-style attention function that adds `prior(q_len, kv_len)` (cast to the logits' dtype) to
-  its `bias` argument, with `attention_fn`'s signature (Flax filters the keywords it passes by it).
-  How the Flax-named drop-ins (`maskprior_jax.linen`, `maskprior_jax.nnx.MultiHeadAttention`) hand
-  their prior to Flax's own attention code."""
+  """A Flax-style attention function that adds a prior to its ``bias`` argument.
+
+  How the Flax-named drop-ins (`maskprior_jax.linen`, `maskprior_jax.nnx.MultiHeadAttention`)
+  hand their prior to Flax's own attention code. The result keeps ``attention_fn``'s signature
+  (Flax filters the keywords it passes by it).
+
+  Args:
+    attention_fn: e.g. ``flax.linen.dot_product_attention``.
+    prior: ``prior(q_len, kv_len)``, the dense (heads, q_len, kv_len) bias; cast to the logits'
+      dtype.
+
+  Returns:
+    The wrapped attention function.
+  """
   @functools.wraps(attention_fn)
   def with_prior(query, key, value, *rest, bias=None, **kw):
     b = prior(query.shape[-3], key.shape[-3]).astype(kw.get("dtype") or jnp.result_type(query.dtype, key.dtype))

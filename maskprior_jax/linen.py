@@ -83,18 +83,84 @@ class _PriorMixin(nn.Module):
 
 
 class MultiHeadDotProductAttention(_PriorMixin, nn.MultiHeadDotProductAttention):
-  """`flax.linen.MultiHeadDotProductAttention` with a mask prior (see the module docstring):
-  Flax's attributes and call, plus `mask_init`, `mask_kind`, `max_len`, `grid`, `num_prefix`,
-  `mask_collection`. Raises ValueError for a prior that does not fit the kind or shape."""
+  """``flax.linen.MultiHeadDotProductAttention`` with a mask prior: change one import line.
+
+  Flax's own class and code (attributes, call, auto-names and hence parameter paths, dropout
+  draws, ``decode``, ``sow_weights``, ``attention_fn``), plus the attributes below. The prior
+  reaches Flax's attention function as its ``bias`` argument, cast to the logits' dtype. Without
+  ``mask_init`` the module is Flax's, bit for bit.
+
+  Attributes:
+    mask_init: the prior's initializer ``(key, shape, dtype) -> B`` (e.g. from
+      `maskprior_jax.priors`) or an array; None: no prior.
+    mask_kind: "full", "shared", "relative_1d" or "relative_2d", as in
+      `maskprior_jax.MaskPriorAttention`.
+    max_len: the longest sequence, for "relative_1d".
+    grid: (height, width) of the patch grid, for "relative_2d".
+    num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
+    mask_collection: where the bias lives. "mask_prior" (default): its own collection, variable
+      "bias", so `mask_prior_optimizer` gives it its own rule. "params": inside the module's
+      params as the leaf "mask_prior", for training loops that pass only ``{"params": params}``
+      (`mask_prior_optimizer` finds it there by that name).
+
+  Raises:
+    ValueError: at the call, for a prior that does not fit the kind or shape, or an unknown
+      ``mask_collection``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from maskprior_jax import linen as attn, priors
+    >>> layer = attn.MultiHeadDotProductAttention(num_heads=4, mask_init=priors.locality_1d())
+    >>> x = jnp.ones((2, 6, 16))
+    >>> variables = layer.init(jax.random.key(0), x)
+    >>> variables["mask_prior"]["bias"].shape
+    (4, 6, 6)
+    >>> sorted(variables["params"])                 # Flax's own parameter tree
+    ['key', 'out', 'query', 'value']
+    >>> layer.apply(variables, x).shape
+    (2, 6, 16)
+  """
 
   def __call__(self, *args, **kwargs):
+    """Flax's call, with the prior added to the attention function's ``bias``.
+
+    The signature is ``flax.linen.MultiHeadDotProductAttention.__call__``'s.
+
+    Args:
+      *args: ``inputs_q`` (..., q_len, features), ``inputs_k`` and ``inputs_v`` (..., kv_len,
+        features; default: self-attention), as Flax.
+      **kwargs: Flax's keywords: ``inputs_kv``, ``mask`` (boolean, broadcastable to (batch, heads,
+        q_len, kv_len); False excludes a pair), ``deterministic``, ``dropout_rng``,
+        ``sow_weights``.
+
+    Returns:
+      The output, (..., q_len, out_features).
+    """
     return _PriorMixin.__call__(self, *args, **kwargs)
 
 
 class SelfAttention(_PriorMixin, nn.SelfAttention):
-  """`flax.linen.SelfAttention` with a mask prior (see `MultiHeadDotProductAttention`)."""
+  """``flax.linen.SelfAttention`` with a mask prior (see `MultiHeadDotProductAttention`).
+
+  Attributes:
+    mask_init: the prior's initializer or an array; None: no prior.
+    mask_kind: "full", "shared", "relative_1d" or "relative_2d".
+    max_len: the longest sequence, for "relative_1d".
+    grid: (height, width) of the patch grid, for "relative_2d".
+    num_prefix: tokens before the grid ("relative_2d").
+    mask_collection: "mask_prior" (its own collection) or "params" (the leaf "mask_prior").
+  """
 
   def __call__(self, *args, **kwargs):
+    """Flax's call (``inputs_q``, ``mask``, ``deterministic``, ...), with the prior as ``bias``.
+
+    Args:
+      *args: ``inputs_q``, (..., length, features), as Flax.
+      **kwargs: Flax's keywords.
+
+    Returns:
+      The output, (..., length, out_features).
+    """
     return _PriorMixin.__call__(self, *args, **kwargs)
 
 

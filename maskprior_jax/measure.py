@@ -14,12 +14,24 @@ import jax.numpy as jnp
 
 from maskprior_jax.attention import ATTENTION_WEIGHTS, MASK_PRIOR
 
+__all__ = ["apply_in_chunks", "attention_maps", "total_variation", "mask_drift", "target_attention"]
+
 
 def apply_in_chunks(fn: Callable, *inputs: Any, size: int = 512) -> Any:
-  """`fn(*inputs)` for inputs that share a leading example axis, computed `size` examples at a time
-  (`lax.map` over the chunks, the rest in one call) and concatenated: the same values as one call
-  for a per-example `fn`, at a fraction of the memory traffic (a CPU evaluates a 4,096-example
-  batch about twice as fast in chunks of 512). `size=0` or a batch no larger: one call."""
+  """``fn(*inputs)`` computed ``size`` examples at a time.
+
+  For inputs that share a leading example axis: ``lax.map`` over the chunks, the rest in one call,
+  concatenated. The same values as one call for a per-example ``fn``, at a fraction of the
+  memory traffic (a CPU evaluates a 4,096-example batch about twice as fast in chunks of 512).
+
+  Args:
+    fn: a function of the inputs whose outputs have the same leading example axis.
+    *inputs: arrays sharing a leading example axis.
+    size: examples per chunk; 0 or a batch no larger: one call.
+
+  Returns:
+    ``fn``'s outputs for all examples.
+  """
   n = jax.tree.leaves(inputs)[0].shape[0]
   if not size or n <= size:
     return fn(*inputs)
@@ -34,20 +46,54 @@ def apply_in_chunks(fn: Callable, *inputs: Any, size: int = 512) -> Any:
 
 
 def attention_maps(apply_fn: Callable, variables: dict, inputs: Any) -> list[jax.Array]:
-  """Per layer (batch, heads, q, kv) attention weights, in layer order."""
+  """Every attention layer's weights, in layer order.
+
+  Args:
+    apply_fn: the model's ``apply`` (its attention layers sow their weights under
+      ``"attention_weights"`` in "intermediates").
+    variables: the model's variables.
+    inputs: the model's inputs.
+
+  Returns:
+    One (batch, heads, q_len, kv_len) array per layer.
+  """
   _, state = apply_fn(variables, inputs, mutable=["intermediates"])
   flat = flax.traverse_util.flatten_dict(state["intermediates"])
   return [v[0] for k, v in sorted(flat.items()) if k[-1] == ATTENTION_WEIGHTS]
 
 
 def total_variation(attn: jax.Array, pattern: jax.Array) -> jax.Array:
-  """Mean over (batch, heads, rows) of 0.5 * sum_k |attn - pattern|; attn (..., B, H, q, kv)."""
+  """The mean total-variation distance between attention rows and a pattern.
+
+  Args:
+    attn: attention weights, (..., batch, heads, q_len, kv_len).
+    pattern: the target rows (e.g. `target_attention`), broadcastable to (heads, q_len, kv_len).
+
+  Returns:
+    The mean over batch, heads and rows of ``0.5 * sum_k |attn - pattern|``, one value per
+    leading index (e.g. per seed); 0 is identical, 1 disjoint.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from maskprior_jax.measure import total_variation
+    >>> attn = jnp.array([[[[1.0, 0.0], [0.5, 0.5]]]])      # (batch, heads, q, kv)
+    >>> float(total_variation(attn, jnp.array([[0.0, 1.0], [0.5, 0.5]])))
+    0.5
+  """
   return 0.5 * jnp.abs(attn - pattern).sum(-1).mean(axis=(-1, -2, -3))
 
 
 def mask_drift(variables: dict, initial: dict) -> jax.Array:
-  """Per seed ||B_t - B_0|| / ||B_0|| over the whole mask-prior collection (leading seed axis);
-  ||B_t - B_0|| itself where B_0 is zero (a bias that starts at zero)."""
+  """How far the mask prior moved: ``||B_t - B_0|| / ||B_0||`` per seed.
+
+  Args:
+    variables: the current variables, with a leading seed axis.
+    initial: the initial variables, same structure.
+
+  Returns:
+    One value per seed over the whole "mask_prior" collection; ``||B_t - B_0||`` itself where
+    ``B_0`` is zero (a bias that starts at zero).
+  """
   cur, ini = jax.tree.leaves(variables[MASK_PRIOR]), jax.tree.leaves(initial[MASK_PRIOR])
   axes = lambda x: tuple(range(1, x.ndim))
   num = sum(jnp.sum((c - i) ** 2, axis=axes(c)) for c, i in zip(cur, ini))
@@ -56,9 +102,17 @@ def mask_drift(variables: dict, initial: dict) -> jax.Array:
 
 
 def target_attention(pattern, causal: bool = False) -> jax.Array:
-  """The attention a logit pattern (..., q, kv) alone would give: softmax over each row (over
-  the causal past only when `causal`). The target a QK initialization is fitted to, and the
-  reference persistence is measured against."""
+  """The attention a logit pattern alone would give.
+
+  The target a QK initialization is fitted to, and the reference persistence is measured against.
+
+  Args:
+    pattern: logits, (..., q_len, kv_len).
+    causal: softmax over each row's causal past only.
+
+  Returns:
+    The row-wise softmax of ``pattern``, same shape.
+  """
   pattern = jnp.asarray(pattern, jnp.float32)
   if causal:
     allowed = jnp.tril(jnp.ones(pattern.shape[-2:], bool))

@@ -38,8 +38,19 @@ __all__ = ["MaskPrior", "MaskPriorAttention", "MultiHeadAttention", "mask_prior_
 
 
 class MaskPrior(nnx.Param):
-  """A learnable additive attention-logit bias: a `Param` (trained by Flax's defaults) that filters
-  can still select by its own type."""
+  """The variable type of a learnable additive attention-logit bias.
+
+  A subclass of ``nnx.Param`` (as Flax's ``nnx.LoRAParam``): Flax's defaults (``nnx.grad``,
+  ``nnx.Optimizer(model, tx, wrt=nnx.Param)``) train it at the base rate, and the filter
+  ``MaskPrior`` still selects it alone (its own learning rate, freezing, inspection).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from maskprior_jax.nnx import MaskPrior
+    >>> isinstance(MaskPrior(jnp.zeros((2, 4, 4))), nnx.Param)
+    True
+  """
 
 
 nnx.register_variable_name(MASK_PRIOR, MaskPrior, overwrite=True)
@@ -53,25 +64,61 @@ DEFAULT_BIAS_INIT = nnx.initializers.zeros_init()
 class MaskPriorAttention(nnx.Module):
   """Multi-head dot-product attention with a learnable additive mask prior, for Flax NNX.
 
-  Arguments as `flax.nnx.MultiHeadAttention` (`num_heads`, `in_features`, `qkv_features`,
-  `out_features`, `dtype`, `param_dtype`, `broadcast_dropout`, `dropout_rate`, `deterministic`,
-  `precision`, `kernel_init`, `out_kernel_init`, `bias_init`, `out_bias_init`, `use_bias`,
-  `normalize_qk`, `rngs`), plus:
-    mask_init: initializer `(key, shape, dtype) -> B` or an array broadcast to the stored shape;
-      None: plain attention (no `MaskPrior` is created).
-    mask_kind, max_len, grid, num_prefix: as in the Linen module (`attention.MASK_LAYOUTS`). NNX
-      creates the bias when the module is built, so the kinds "full" and "shared" need `max_len`
-      (the longest sequence; a shorter one uses the bias's top-left block), and "relative_2d"
-      holds `grid[0] * grid[1] + num_prefix` tokens.
-    implementation: None/"xla", "cudnn" or "auto" (see `attention.attention_implementation`).
-  The bias lives in `self.mask_prior` (a `MaskPrior`); query/key/value/out are `nnx.LinearGeneral`
-  with the Linen module's parameter shapes, so weights copy across one to one.
-    num_kv_heads, attention_fn: grouped-query attention and a Flax-style attention function that
-      receives the mask prior as `bias` (as the Linen module).
-    decode: autoregressive decoding, as Flax: `init_cache((batch, length, features))` creates
-      `nnx.Cache` keys and values (`num_kv_heads` heads) and the index; each call then takes one
-      token, attends to the tokens cached so far and uses its own row of the mask prior (relative
-      kinds: its own offsets), so decoding token by token equals the full causal pass.
+  The constructor of ``flax.nnx.MultiHeadAttention`` plus the mask settings of the Linen
+  module. Given the same weights it computes what `maskprior_jax.MaskPriorAttention` computes;
+  query, key, value and out are ``nnx.LinearGeneral`` with the Linen module's parameter shapes,
+  so weights copy across one to one. The bias is ``self.mask_prior``, a `MaskPrior`.
+
+  Args:
+    num_heads: number of attention heads.
+    in_features: the inputs' width.
+    qkv_features: total width of queries, keys and values (default ``in_features``).
+    out_features: output width (default ``in_features``).
+    dtype: the computation dtype.
+    param_dtype: the parameters' and the prior's dtype.
+    broadcast_dropout: one attention-dropout mask for every batch element and head.
+    dropout_rate: attention-weight dropout rate.
+    deterministic: no dropout; may instead be given to the call.
+    precision: the ``jax.lax.Precision`` of the projections and the attention.
+    kernel_init: initializer of the query, key and value kernels.
+    out_kernel_init: initializer of the output kernel (default ``kernel_init``).
+    bias_init: initializer of the projections' biases.
+    out_bias_init: initializer of the output bias (default ``bias_init``).
+    use_bias: the projections have biases.
+    decode: autoregressive decoding, as Flax: `init_cache` creates the key/value cache; each call
+      then takes one token and uses its own row of the prior, so decoding token by token equals
+      the full causal pass.
+    normalize_qk: LayerNorm (scale only) over the head dimension of queries and keys.
+    mask_init: the prior's initializer ``(key, shape, dtype) -> B`` or an array broadcast to the
+      stored shape; None: plain attention (no `MaskPrior` is created).
+    mask_kind: "full", "shared", "relative_1d" or "relative_2d"
+      (`maskprior_jax.attention.MASK_LAYOUTS`).
+    max_len: the longest sequence. NNX creates the bias when the module is built, so "full" and
+      "shared" need it (a shorter sequence uses the bias's top-left block) unless ``mask_init``
+      is an array; "relative_1d" needs it too.
+    grid: (height, width) of the patch grid, for "relative_2d" (which holds
+      ``height * width + num_prefix`` tokens).
+    num_prefix: tokens before the grid ("relative_2d"), e.g. 1 for a CLS token.
+    implementation: None or "xla", "cudnn", "blockwise" or "auto" (see
+      `maskprior_jax.attention.attention_implementation`).
+    num_kv_heads: key/value heads for grouped-query attention (dividing ``num_heads``).
+    attention_fn: a Flax-style attention function that receives the prior as ``bias``.
+    rngs: the ``nnx.Rngs`` for the weights, the prior's initializer and the dropout stream.
+
+  Raises:
+    ValueError: for an unknown mask kind, ``qkv_features`` not divisible by ``num_heads``, a
+      missing ``max_len`` or ``grid``, or a prior that does not fit its shape.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from maskprior_jax import nnx as mpnnx, priors
+    >>> layer = mpnnx.MaskPriorAttention(4, 16, mask_init=priors.locality_1d(), mask_kind="relative_1d",
+    ...                                  max_len=8, rngs=nnx.Rngs(0))
+    >>> layer.mask_prior.shape                        # (heads, 2 * max_len - 1)
+    (4, 15)
+    >>> layer(jnp.ones((2, 8, 16))).shape
+    (2, 8, 16)
   """
 
   def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
@@ -139,14 +186,30 @@ class MaskPriorAttention(nnx.Module):
     return stream()
 
   def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32):
-    """A key/value cache for `decode`: input_shape is (batch..., max_length, features)."""
+    """Creates the key/value cache for ``decode``.
+
+    Args:
+      input_shape: the full-length input's shape, (batch..., max_length, features).
+      dtype: the cache's dtype.
+    """
     shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)
     self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
     self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
     self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
 
   def dense_bias(self, q_len: int, kv_len: int) -> jax.Array | None:
-    """The mask prior as a dense (heads or 1, q_len, kv_len) logit bias (None without one)."""
+    """The mask prior as a dense logit bias.
+
+    Args:
+      q_len: query length.
+      kv_len: key/value length.
+
+    Returns:
+      (heads or 1, q_len, kv_len), or None when the module has no prior.
+
+    Raises:
+      ValueError: if a length exceeds the stored bias's ("full" and "shared" kinds).
+    """
     if self.mask_prior is None:
       return None
     stored = self.mask_prior[...]
@@ -161,9 +224,27 @@ class MaskPriorAttention(nnx.Module):
                *, mask: jax.Array | None = None, bias: jax.Array | None = None, deterministic: bool | None = None,
                rngs: nnx.Rngs | nnx.RngStream | None = None, sow_weights: bool = False,
                decode: bool | None = None) -> jax.Array:
-    """As `flax.nnx.MultiHeadAttention.__call__` (self-attention when `inputs_k`/`inputs_v` are
-    None); `mask` is boolean (False excludes a pair), `bias` an extra additive logit bias;
-    `decode` overrides the attribute."""
+    """Attends from ``inputs_q`` to ``inputs_k`` and ``inputs_v``, as ``flax.nnx.MultiHeadAttention``.
+
+    Args:
+      inputs_q: queries' inputs, (..., q_len, in_features).
+      inputs_k: keys' inputs, (..., kv_len, in_features); default ``inputs_q``.
+      inputs_v: values' inputs, (..., kv_len, in_features); default ``inputs_k``.
+      mask: boolean, broadcastable to (batch, heads, q_len, kv_len); False excludes a pair.
+      bias: an extra additive logit bias broadcastable to (batch, heads, q_len, kv_len).
+      deterministic: no dropout; overrides the attribute.
+      rngs: an ``nnx.Rngs`` or ``nnx.RngStream`` for dropout; default the module's stream.
+      sow_weights: store the attention weights as an ``nnx.Intermediate`` under
+        ``"attention_weights"``.
+      decode: overrides the attribute.
+
+    Returns:
+      The output, (..., q_len, out_features).
+
+    Raises:
+      ValueError: for decoding without `init_cache`, dropout without ``deterministic``, or dropout
+        without rngs.
+    """
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
     query, key, value = self.query(inputs_q), self.key(inputs_k), self.value(inputs_v)
@@ -214,21 +295,38 @@ class MaskPriorAttention(nnx.Module):
 
 
 class MultiHeadAttention(nnx.MultiHeadAttention):
-  """`flax.nnx.MultiHeadAttention` with a mask prior: the exact drop-in (one changed import line).
+  """``flax.nnx.MultiHeadAttention`` with a mask prior: change one import line.
 
-  Flax's own class and code: every constructor and call argument (`kernel_metadata` and the other
-  `*_metadata` sharding annotations, `keep_rngs`, `is_causal`, `rngs` as `Rngs` or `RngStream`,
-  `decode`/`init_cache`, `sow_weights`, `attention_fn`), the stored dropout stream
-  (`rngs.dropout.fork()`), the attribute names (`query`, `key`, `value`, `out`, `query_ln`,
-  `key_ln`, the cache variables) and the softmax dtype. Plus, keyword-only:
-    mask_init: initializer `(key, shape, dtype) -> B` or an array; None: no prior (then the module
-      is Flax's, bit for bit). The initializer's key is drawn from `rngs.params()` after Flax's own
-      weights, so the weights equal Flax's under the same `Rngs`.
-    mask_kind, max_len, grid, num_prefix: as `MaskPriorAttention` ("full" and "shared" need
-      `max_len` unless the prior is an array).
-  The bias is `self.mask_prior`, a `MaskPrior` (an `nnx.Param`): Flax's default training trains it,
-  `mask_prior_optimizer` gives it its own rule. It reaches Flax's attention function as `bias`, cast
-  to the logits' dtype. Raises ValueError for a prior that does not fit the kind or shape.
+  Flax's own class and code: every constructor and call argument (the ``*_metadata`` sharding
+  annotations, ``keep_rngs``, ``is_causal``, ``rngs``, ``decode`` and ``init_cache``,
+  ``sow_weights``, ``attention_fn``), the attribute names and the softmax dtype. The bias is
+  ``self.mask_prior``, a `MaskPrior`; it reaches Flax's attention function as ``bias``, cast to
+  the logits' dtype. Without ``mask_init`` the module is Flax's, bit for bit.
+
+  Args:
+    *args: Flax's positional arguments (``num_heads``, ``in_features``, ...).
+    mask_init: the prior's initializer ``(key, shape, dtype) -> B`` or an array; None: no prior.
+      Its key is drawn from ``rngs.params()`` after Flax's own weights, so the weights equal
+      Flax's under the same ``Rngs``.
+    mask_kind: "full", "shared", "relative_1d" or "relative_2d", as in `MaskPriorAttention`.
+    max_len: the longest sequence ("full" and "shared" need it unless the prior is an array).
+    grid: (height, width) of the patch grid, for "relative_2d".
+    num_prefix: tokens before the grid ("relative_2d").
+    **kwargs: Flax's keyword arguments (``qkv_features``, ``dropout_rate``, ``rngs``, ...).
+
+  Raises:
+    ValueError: for a prior that does not fit the kind or shape.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from maskprior_jax import nnx as mpnnx, priors
+    >>> layer = mpnnx.MultiHeadAttention(num_heads=2, in_features=8, decode=False, rngs=nnx.Rngs(0),
+    ...                                  mask_init=priors.interaction_groups([[0, 1], [2, 3]]), max_len=4)
+    >>> isinstance(layer, nnx.MultiHeadAttention), layer.mask_prior.shape
+    (True, (2, 4, 4))
+    >>> layer(jnp.ones((3, 4, 8))).shape
+    (3, 4, 8)
   """
 
   def __init__(self, *args, mask_init=None, mask_kind: str = "full", max_len: int | None = None,
@@ -247,6 +345,18 @@ class MultiHeadAttention(nnx.MultiHeadAttention):
   dense_bias = MaskPriorAttention.dense_bias
 
   def __call__(self, *args, **kwargs):
+    """Flax's call, with the prior added to the attention function's ``bias``.
+
+    The signature is ``flax.nnx.MultiHeadAttention.__call__``'s.
+
+    Args:
+      *args: ``inputs_q`` (..., q_len, in_features), ``inputs_k`` and ``inputs_v``, as Flax.
+      **kwargs: Flax's keywords: ``mask`` (boolean; False excludes a pair), ``deterministic``,
+        ``rngs``, ``sow_weights``, ``decode``.
+
+    Returns:
+      The output, (..., q_len, out_features).
+    """
     if self.mask_prior is None:
       return super().__call__(*args, **kwargs)
     inner = self.attention_fn
@@ -274,14 +384,38 @@ MultiHeadAttention.__init__.__signature__ = inspect.signature(nnx.MultiHeadAtten
 
 
 def mask_prior_optimizer(model: nnx.Module, learning_rate, **kw) -> nnx.Optimizer:
-  """An `nnx.Optimizer` over the model's `Param`s and `MaskPrior`s: the base rule on `Param`s and
-  the mask's own rule on `MaskPrior`s (keywords of `maskprior_jax.optim.mask_prior_optimizer`:
-  `name`, `weight_decay`, `b1`, `b2`, `mask_learning_rate`, `mask_lr_multiplier`,
-  `mask_weight_decay`, `freeze_mask` (the bias then stays bit for bit), `grad_clip_norm`). Other
-  variable types (`BatchStat`, `Cache`, ...) are never touched. Use it with
-  `grads = nnx.grad(loss_fn)(model, ...)` and `optimizer.update(model, grads)`.
+  """An ``nnx.Optimizer`` with the mask prior's own rule.
 
-  Returns the `nnx.Optimizer`; raises ValueError for keywords `optim.mask_rules` refuses."""
+  The base rule updates the model's ``Param`` s, the mask's own rule its `MaskPrior` s; other
+  variable types (``BatchStat``, ``Cache``, ...) are never touched. Use it with
+  ``grads = nnx.grad(loss_fn)(model, ...)`` and ``optimizer.update(model, grads)``.
+
+  Args:
+    model: the NNX model.
+    learning_rate: the base learning rate (a float or an optax schedule).
+    **kw: the keywords of `maskprior_jax.optim.mask_prior_optimizer`: ``name``,
+      ``weight_decay``, ``b1``, ``b2``, ``mask_learning_rate``, ``mask_lr_multiplier``,
+      ``mask_weight_decay``, ``freeze_mask`` (the bias then stays bit for bit),
+      ``grad_clip_norm``.
+
+  Returns:
+    The ``nnx.Optimizer`` (``wrt`` = `WRT`).
+
+  Raises:
+    ValueError: for keywords `maskprior_jax.optim.mask_rules` refuses.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from maskprior_jax import nnx as mpnnx, priors
+    >>> model = mpnnx.MaskPriorAttention(2, 8, mask_init=priors.locality_1d(), max_len=4, rngs=nnx.Rngs(0))
+    >>> optimizer = mpnnx.mask_prior_optimizer(model, 1e-3, freeze_mask=True)
+    >>> before = model.mask_prior[...]
+    >>> grads = nnx.grad(lambda m: (m(jnp.ones((1, 4, 8))) ** 2).sum())(model)
+    >>> _ = optimizer.update(model, grads)
+    >>> bool((model.mask_prior[...] == before).all())   # frozen, bit for bit
+    True
+  """
   grad_clip_norm = kw.pop("grad_clip_norm", None)
   params_tx, mask_tx = optim.mask_rules(learning_rate, **kw)
   # Labels by path: the prior's paths are read off the model once; optax then receives the tree

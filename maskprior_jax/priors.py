@@ -42,10 +42,25 @@ def _finish(value: np.ndarray, shape, dtype, what: str):
 
 
 def from_matrix(matrix) -> Callable:
-  """Initializer returning `matrix`, broadcast to the requested shape.
+  """An initializer that returns a fixed matrix, broadcast to the shape the module asks for.
 
-  A (q_len, kv_len) matrix serves every head of a "full" mask; a (heads, q_len, kv_len)
-  array gives each head its own.
+  Args:
+    matrix: the initial logit bias, (q_len, kv_len) for every head or (heads, q_len, kv_len) for
+      one bias per head (e.g. from `group_matrix`). Any array-like; stored as float32.
+
+  Returns:
+    An initializer ``init(key, shape, dtype) -> jax.Array`` for the "full" and "shared" mask kinds
+    (``init.mask_kinds``). It ignores ``key``.
+
+  Raises:
+    ValueError: when called, if ``matrix`` does not broadcast to ``shape`` or is not finite.
+
+  Example:
+    >>> import jax, numpy as np
+    >>> from maskprior_jax import priors
+    >>> init = priors.from_matrix(np.eye(3) - 1.0)
+    >>> init(jax.random.key(0), (2, 3, 3)).shape
+    (2, 3, 3)
   """
   matrix = np.asarray(matrix, dtype=np.float32)
 
@@ -61,17 +76,41 @@ def group_matrix(groups: Sequence[Sequence[int]], seq_len: int, *, num_heads: in
                  readers: Sequence[int] = (), self_attend: bool = True,
                  member_rows: bool = True, member_self: bool = True,
                  spare_heads: str = "cycle") -> np.ndarray:
-  """Logit bias from groups of interacting positions.
+  """A logit-bias matrix from groups of interacting positions.
 
-  A position attends with logit `inside` to every position of a group that contains it
-  (`member_rows`; with `member_self=False` to the other members only, not itself), `readers`
-  (e.g. a CLS position) to every position of their head's groups, every other position to
-  itself (`self_attend`); every other pair gets `outside`. With
-  `num_heads`, the groups are dealt to heads round-robin (head h holds groups h, h+H, ...)
-  and a head left without a group gets the union of all. Without `num_heads`, all groups
-  share one pattern.
+  A position attends with logit ``inside`` to every position of a group that contains it, a
+  reader (e.g. a CLS position) to every position of its head's groups, every position to
+  itself; every other pair gets ``outside``.
 
-  Returns (num_heads, seq_len, seq_len) or (seq_len, seq_len).
+  Args:
+    groups: lists of positions (0 to ``seq_len - 1``) that interact.
+    seq_len: the sequence length (the matrix is ``seq_len x seq_len`` per head).
+    num_heads: deal the groups to this many heads round-robin (head h holds groups h, h + H,
+      ...); None: every group in one shared pattern.
+    inside: logit for pairs that interact.
+    outside: logit for every other pair.
+    readers: positions whose rows read every position of their head's groups.
+    self_attend: every position attends to itself with ``inside``.
+    member_rows: a group's members attend to each other (False: only readers read the group).
+    member_self: with ``member_rows``, a member attends to itself too (False: only to the other
+      members).
+    spare_heads: what a head left without a group gets: "cycle" (group ``h % len(groups)``) or
+      "union" (all groups).
+
+  Returns:
+    A float32 ``np.ndarray`` of shape (num_heads, seq_len, seq_len), or (seq_len, seq_len)
+    without ``num_heads``.
+
+  Raises:
+    ValueError: for no groups, a position outside ``0..seq_len - 1`` or an unknown
+      ``spare_heads``.
+
+  Example:
+    >>> from maskprior_jax import priors
+    >>> priors.group_matrix([[0, 1]], 3, outside=-8.0)
+    array([[ 0.,  0., -8.],
+           [ 0.,  0., -8.],
+           [-8., -8.,  0.]], dtype=float32)
   """
   groups = [sorted(set(int(i) for i in g)) for g in groups]
   if not groups:
@@ -115,10 +154,38 @@ def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
                        outside: float = -8.0, per_head: bool = True,
                        readers: Sequence[int] = (), self_attend: bool = True,
                        member_rows: bool = True, spare_heads: str = "cycle"):
-  """Initializer for a "full" or "shared" mask from groups of interacting positions.
+  """An initializer for a "full" or "shared" mask from groups of interacting positions.
 
-  per_head=True: one head per group (round-robin when groups outnumber heads); else every
-  head shares the union pattern. See `group_matrix` for the logit values.
+  The logit values are `group_matrix`'s, built for the sequence length the module asks for.
+
+  Args:
+    groups: lists of positions that interact (e.g. the variables of one term of a function).
+    inside: logit for pairs that interact.
+    outside: logit for every other pair.
+    per_head: one head per group (round-robin when groups outnumber heads); False: every head
+      shares the union pattern.
+    readers: positions (e.g. a CLS token) that read every position of their head's groups.
+    self_attend: every position attends to itself with ``inside``.
+    member_rows: a group's members attend to each other.
+    spare_heads: "cycle" or "union", as in `group_matrix`.
+
+  Returns:
+    An initializer ``init(key, shape, dtype) -> jax.Array`` for shapes (heads, q_len, kv_len)
+    ("full") and (q_len, kv_len) ("shared").
+
+  Raises:
+    ValueError: when called, for another shape or ``q_len != kv_len`` (self-attention only).
+
+  Example:
+    >>> import jax
+    >>> from maskprior_jax import priors
+    >>> init = priors.interaction_groups([[0, 1], [2, 3]], outside=-4.0)
+    >>> bias = init(jax.random.key(0), (2, 4, 4))
+    >>> bias[0]
+    Array([[ 0.,  0., -4., -4.],
+           [ 0.,  0., -4., -4.],
+           [-4., -4.,  0., -4.],
+           [-4., -4., -4.,  0.]], dtype=float32)
   """
   @_for_kinds("full", "shared")
   def init(key, shape, dtype=jnp.float32):
@@ -140,15 +207,45 @@ def interaction_groups(groups: Sequence[Sequence[int]], *, inside: float = 0.0,
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
-  """ALiBi's per-head slopes 2^(-8h/H), h = 1..H."""
+  """ALiBi's per-head slopes, ``2 ** (-8 h / H)`` for heads h = 1..H.
+
+  Args:
+    num_heads: the number of heads H.
+
+  Returns:
+    A float64 ``np.ndarray`` of shape (num_heads,), from ``2 ** (-8 / H)`` down to ``2 ** -8``.
+
+  Example:
+    >>> from maskprior_jax import priors
+    >>> priors.alibi_slopes(4)
+    array([0.25      , 0.0625    , 0.015625  , 0.00390625])
+  """
   return 2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)
 
 
 def locality_1d(slopes: Sequence[float] | None = None, *, scale: float = 1.0):
-  """Distance-decaying prior: B[h, q, k] = -scale * slope_h * |k - q| (learnable ALiBi).
+  """A distance-decaying prior, ``B[h, q, k] = -scale * slope_h * |k - q|`` (a learnable ALiBi).
 
-  Works for "full" (heads, q, kv) and "relative_1d" (heads, 2*max_len-1) masks; slopes
-  default to ALiBi's 2^(-8h/H).
+  Args:
+    slopes: one slope per head; None: ALiBi's ``2 ** (-8 h / H)`` (`alibi_slopes`).
+    scale: a factor on every slope.
+
+  Returns:
+    An initializer ``init(key, shape, dtype) -> jax.Array`` for the "full" (heads, q_len, kv_len)
+    and "relative_1d" (heads, 2 * max_len - 1) mask kinds.
+
+  Raises:
+    ValueError: when called, for another shape or a number of slopes other than the heads'.
+
+  Example:
+    >>> import jax
+    >>> import maskprior_jax as mp
+    >>> layer = mp.MaskPriorAttention(num_heads=2, mask_init=mp.priors.locality_1d(slopes=[1.0, 0.5]),
+    ...                               mask_kind="relative_1d", max_len=4)
+    >>> variables = layer.init(jax.random.key(0), jax.numpy.ones((1, 4, 8)))
+    >>> variables["mask_prior"]["bias"]   # offsets k - q = -3 .. 3
+    Array([[-3. , -2. , -1. ,  0. , -1. , -2. , -3. ],
+           [-1.5, -1. , -0.5,  0. , -0.5, -1. , -1.5]], dtype=float32)
   """
   @_for_kinds("full", "relative_1d")
   def init(key, shape, dtype=jnp.float32):
@@ -171,13 +268,36 @@ def locality_1d(slopes: Sequence[float] | None = None, *, scale: float = 1.0):
 def locality_2d(grid: tuple[int, int], *, offsets: Sequence[tuple[int, int]] | None = None,
                 slopes: Sequence[float] | None = None, inside: float = 0.0,
                 outside: float = -4.0, num_prefix: int = 0):
-  """2-D locality over a (gh, gw) patch grid.
+  """2-D locality over a (height, width) grid of patches.
 
-  With `offsets` (one (dy, dx) per head): an impulse prior, head h favours the patch at
-  offset (dy, dx) (logit `inside`) over all others (`outside`), like one tap of a
-  convolution kernel. Otherwise a distance decay -slope_h * euclidean distance.
-  Works for "relative_2d" (heads, (2gh-1)*(2gw-1)) and "full" (heads, P+N, P+N) masks,
-  P = num_prefix tokens that get 0 bias.
+  With ``offsets`` it is an impulse prior: head h favours the patch at its offset (dy, dx)
+  (logit ``inside``) over every other (``outside``), like one tap of a convolution kernel.
+  Without, a distance decay ``-slope_h * sqrt(dy**2 + dx**2)``.
+
+  Args:
+    grid: (height, width) of the patch grid.
+    offsets: one (dy, dx) per head, for the impulse prior.
+    slopes: one slope per head for the distance decay; None: 4 x ALiBi's slopes.
+    inside: the impulse prior's logit at a head's offset.
+    outside: the impulse prior's logit elsewhere.
+    num_prefix: tokens before the grid (e.g. 1 for a CLS token) in a "full" mask; they get bias 0
+      to and from every token.
+
+  Returns:
+    An initializer ``init(key, shape, dtype) -> jax.Array`` for the "relative_2d"
+    (heads, (2 height - 1)(2 width - 1)) and "full" (heads, P + N, P + N) mask kinds, with P =
+    ``num_prefix`` and N = height x width.
+
+  Raises:
+    ValueError: when called, for a shape that fits neither kind, or a number of offsets or
+      slopes other than the heads'.
+
+  Example:
+    >>> import jax
+    >>> from maskprior_jax import priors
+    >>> init = priors.locality_2d((2, 2), offsets=[(0, 0), (0, 1)])
+    >>> init(jax.random.key(0), (2, 9))[1]   # 3 x 3 table of offsets; head 1 favours (0, +1)
+    Array([-4., -4., -4., -4., -4.,  0., -4., -4., -4.], dtype=float32)
   """
   gh, gw = grid
 

@@ -56,7 +56,14 @@ def process_count() -> int:
 
 
 def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
-  """A 1-D mesh named "data" over all (or the given) devices."""
+  """A 1-D mesh named "data" over all (or the given) devices.
+
+  Args:
+    devices: the devices; default ``jax.devices()`` (those set by ``for_devices`` when set).
+
+  Returns:
+    A ``jax.sharding.Mesh`` with the one axis "data".
+  """
   return Mesh(np.asarray(list(devices) if devices is not None else globals()["devices"]()), ("data",))
 
 
@@ -92,20 +99,46 @@ def is_runs_mesh(mesh: Mesh | None) -> bool:
 
 
 def batch_sharding(mesh: Mesh, batch_axis: int = 0) -> NamedSharding:
-  """Shard the batch axis (after `batch_axis` leading axes) over "data"; the rest replicated."""
+  """Shards a batch's batch axis over "data", the rest replicated.
+
+  Args:
+    mesh: a "data" mesh.
+    batch_axis: leading axes before the batch axis (e.g. 1 for a leading seed axis).
+
+  Returns:
+    A ``NamedSharding``.
+  """
   return NamedSharding(mesh, P(*([None] * batch_axis), "data"))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-  """The sharding that holds a full copy of an array on every device of `mesh`."""
+  """The sharding that holds a full copy of an array on every device of ``mesh``.
+
+  Args:
+    mesh: the mesh.
+
+  Returns:
+    A ``NamedSharding`` with an empty ``PartitionSpec``.
+  """
   return NamedSharding(mesh, P())
 
 
 def fsdp_sharding(tree, mesh: Mesh, *, min_size: int = 1 << 14, axis_name: str = "data"):
-  """FSDP-style rule: every leaf with at least `min_size` elements is split over the mesh's
-  `axis_name` along its largest axis that divides evenly; smaller leaves are replicated.
-  Returns a pytree of NamedSharding matching `tree` (arrays or ShapeDtypeStructs), e.g. for a
-  TrainState, so that parameters, the mask prior and the optimizer moments are sharded alike."""
+  """An FSDP-style sharding: large leaves split over the mesh, small ones replicated.
+
+  Every leaf with at least ``min_size`` elements is split over ``axis_name`` along its largest
+  axis that divides evenly; smaller leaves are replicated. Apply it to a whole `TrainState`, so
+  that parameters, the mask prior and the optimizer moments are sharded alike.
+
+  Args:
+    tree: arrays or ``jax.ShapeDtypeStruct`` s.
+    mesh: the mesh.
+    min_size: the smallest leaf (in elements) that is split.
+    axis_name: the mesh axis to split over.
+
+  Returns:
+    A pytree of ``NamedSharding`` matching ``tree``.
+  """
   n = mesh.shape[axis_name]
 
   def rule(leaf):

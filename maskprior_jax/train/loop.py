@@ -35,43 +35,47 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
                 seeds: Sequence[int], batches: Callable[..., Any] | DeviceBatches, settings: LoopSettings,
                 eval_fn: Callable[[int, dict], dict], label: str = "", checkpointer=None,
                 mesh: Mesh | Placement | None = None) -> tuple[TrainState, list[dict]]:
-  """The training loop: one run per seed, all seeds in a single vmapped program, for
-  `settings.steps` steps (`settings.steps_per_call` per compiled call).
+  """The training loop: one run per seed, all seeds in one compiled program.
 
-  batches: a host batch function `batch_fn(step, seeds) -> batch` with a leading seed axis (a
-  function of seed and step, so a resumed run sees the batches it would have seen), built by
-  numpy. A batch_fn that takes a `part` keyword, `batch_fn(step, seeds, part=(i, n))`, builds only
-  share i of n of every seed's rows (`distributed.take_part`): with a mesh each process then
-  builds only its own rows (otherwise the global batch is built and the process's rows sliced
-  out). Or `DeviceBatches(fn)`: batches drawn inside the compiled step
-  (`make_generating_train_step`; `fn(step, run)`, run = index into `seeds`).
-  mesh: where the runs go: a `Placement`, or a mesh, or None for `settings.placement(len(seeds),
-  parameters per run)`; the progress log says which. Run-parallel (a "runs" mesh): each
-  device holds and steps whole runs, each process builds only its own runs' host batches, and no
-  value crosses devices inside the step, so every run is computed as it would be alone. With
-  `placement.run_block` k > 0 (`LoopSettings.run_block`; on a CPU by default) each device's runs
-  are stepped k at a time by one compiled k-run program, a call per block: a run's bits then
-  depend only on k, not on the layout (see `RunBlocks`).
-  With a "data" mesh,
-  every seed's batch is split over its "data" axis (data parallel, the state replicated); the
-  batch size must divide by its size, and each process feeds only its rows of the global batch
-  (`distributed.process_slice`). With `settings.fsdp` as well, large state leaves are split over
-  the mesh (`fsdp_sharding`); `settings.grad_reduction="ordered"` sums the devices' gradients in
-  a fixed order (see `make_train_step`).
+  Runs ``settings.steps`` steps (``settings.steps_per_call`` per compiled call). Where the runs
+  go is the placement's: run-parallel (a "runs" mesh: each device holds and steps whole runs, and
+  no value crosses devices inside the step, so every run is computed as it would be alone; with
+  ``placement.run_block`` k > 0 each device's runs are stepped k at a time, see `RunBlocks`), or
+  data-parallel (a "data" mesh: every seed's batch split over the devices, the state replicated
+  or, with ``settings.fsdp``, sharded; each process feeds only its rows of the global batch).
+  The host waits on the device only at log, evaluation and checkpoint points; a non-finite loss
+  freezes that seed's state inside the compiled step, and the next sync raises `NonFiniteLoss`
+  without saving.
 
-  eval_fn(step, stacked_variables) -> dict of per-seed arrays, called at step 0, every
-  `settings.eval_every` steps and at the end. If it has a method `log_train(step, row)`, that gets,
-  at every log point, the window's training figures: per-seed mean "loss" and "grad_norm" (global
-  norm of the gradient) over the steps since the last log point, and "learning_rate" (summed on
-  the device as the steps run; fetched only at the log point).
-  With a `checkpointer` (`checkpoint.Checkpointer`), the state and the eval history are saved every
-  `settings.checkpoint_every` steps, at the end and on SIGTERM (then `checkpoint.Preempted` is
-  raised; with several processes a SIGTERM that reaches any one of them goes to JAX's preemption
-  service, and every process saves the same step, the sync point they agree on), and a run finds and continues from its
-  latest checkpoint. The host waits on the device only at those points (logging, evaluation,
-  saving): a non-finite loss freezes that seed's state inside the compiled step, and the next sync
-  raises `NonFiniteLoss` without saving.
-  Returns the final stacked state and the eval history.
+  Args:
+    loss_fn: ``loss_fn(variables, batch, rng) -> (loss, aux)``, the loss of one run.
+    tx: the optimizer (e.g. `maskprior_jax.mask_prior_optimizer`).
+    variables: one initial variable tree per seed.
+    seeds: the runs' seeds (each run's key and batches derive from its seed).
+    batches: a host batch function ``batch_fn(step, seeds) -> batch`` with a leading seed axis,
+      a function of seed and step (so a resumed run sees the batches it would have seen); one
+      that takes a ``part`` keyword, ``batch_fn(step, seeds, part=(i, n))``, builds only share i
+      of n of every seed's rows (`maskprior_jax.distributed.take_part`). Or `DeviceBatches`:
+      batches drawn inside the compiled step.
+    settings: the `LoopSettings`.
+    eval_fn: ``eval_fn(step, stacked_variables) -> dict`` of per-seed arrays, called at step 0,
+      every ``settings.eval_every`` steps and at the end. If it has a method
+      ``log_train(step, row)``, that gets the window's per-seed mean "loss" and "grad_norm" and
+      the "learning_rate" at every log point.
+    label: the runs' name in the progress log and in errors.
+    checkpointer: a `maskprior_jax.checkpoint.Checkpointer`: the state and the evaluation history
+      are saved every ``settings.checkpoint_every`` steps, at the end and on SIGTERM, and a run
+      continues from its latest checkpoint.
+    mesh: a `Placement`, a mesh, or None for ``settings.placement(len(seeds), parameters per
+      run)``.
+
+  Returns:
+    ``(state, history)``: the final stacked `TrainState` and the list of evaluation rows.
+
+  Raises:
+    NonFiniteLoss: when a run's loss became NaN or infinite (no checkpoint is written).
+    maskprior_jax.checkpoint.Preempted: after SIGTERM, once the checkpoint is saved (with
+      several processes, every process saves the same step).
   """
   steps = settings.steps
   placement = placement_lib.resolve(settings, mesh, len(seeds), lambda: num_params(variables[0]))
@@ -229,9 +233,19 @@ class _Timing:
 
 
 class Progress:
-  """Reports `[label] step k/total loss=... (steps/s, elapsed)` every `every` steps: to the
-  "maskprior_jax.train" logger at INFO (the `maskprior` command shows it on stderr; an importing
-  program routes or silences it with `logging`), or printed to `stream` where one is given."""
+  """Reports ``[label] step k/total loss=... (steps/s, elapsed)`` every ``every`` steps.
+
+  The lines go to the "maskprior_jax.train" logger at INFO (the ``maskprior`` command shows them
+  on stderr; an importing program routes or silences them with ``logging``), or are printed to
+  ``stream`` where one is given.
+
+  Args:
+    total: the run's last step.
+    label: the runs' name.
+    every: the cadence in steps (the last step is always reported).
+    stream: a text stream to print to instead of the logger.
+    enabled: False reports nothing (e.g. on processes other than the main one).
+  """
 
   def __init__(self, total: int, label: str = "", every: int = 100, stream=None, enabled: bool = True):
     self.total, self.label, self.every, self.enabled = total, label, every, enabled

@@ -25,32 +25,54 @@ QK_MASK_DECAY = ("legacy", "none", "init")
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
-  """Everything the training loop reads, as one value (benchmarks build it once from their config,
-  `maskprior_jax.bench.config.loop_settings`).
+  """Everything the training loop reads, as one value.
 
-  steps, batch_size: the run's length and per-run batch size.
-  steps_per_call: steps per compiled call (lax.scan); steps and the cadences below divide by it.
-  eval_every, checkpoint_every (0: only at the end and on SIGTERM), log_every: cadences in steps.
-  max_to_keep: checkpoints kept.
-  data_parallel: split every run's batch over all devices (a mesh over jax.devices());
-    fsdp: also shard large state leaves over them; grad_reduction: "xla" or "ordered"
-    (see `make_train_step`); batches: "host" (built by numpy), "device" (drawn inside the step) or "auto" (a
-    benchmark's choice: device where its training set is held whole on the device; the loop itself
-    only sees the batch function it is given).
-  parallel: where the stacked runs go (`placement`); run_block: how many of a device's runs are
-    stepped together (`train_seeds`): "all" (one vmapped block: the fastest on an accelerator, but a
-    run's float32 bits then depend on how many runs share its device), a number k (k at a time: a
-    run's bits depend only on k, so a run alone on its device equals the same run among others on
-    one device), or "auto": 1 on a CPU (compute-bound from one run, so stepping runs one at a
-    time costs little there), "all" on an accelerator.
-  optimizer, learning_rate, weight_decay, mask_lr_multiplier, freeze_mask: the optimizer
-    (`optimizer()`, `maskprior_jax.optim.mask_prior_optimizer`).
-  The recipe: warmup_steps (linear from 0), schedule ("constant", or "cosine" to 0 at `steps`),
-    grad_clip_norm (global norm; 0: none), b2 (Adam's second-moment decay), decay_on ("all" leaves,
-    or "matrices": weight matrices only, not LayerNorm, biases or embeddings), qk_mask_decay: how
-    the attention query/key kernels and the mask prior decay, in every method alike: "legacy" (the
-    kernels like every other weight, the mask not at all), "none" (neither), "init" (both toward
-    their initial values). The defaults are the constant-rate optimizer of the committed runs.
+  Benchmarks build it once from their config (``maskprior_jax.bench.config.loop_settings``).
+  The defaults are the constant-rate optimizer of the committed runs.
+
+  Attributes:
+    steps: the run's length in optimizer steps.
+    batch_size: the per-run batch size.
+    steps_per_call: steps per compiled call (``lax.scan``); ``steps`` and the cadences divide by
+      it.
+    eval_every: evaluation cadence in steps (0: at step 0 and the end only).
+    checkpoint_every: checkpoint cadence in steps (0: only at the end and on SIGTERM).
+    log_every: progress-log cadence in steps.
+    max_to_keep: checkpoints kept.
+    data_parallel: split every run's batch over all devices (a mesh over ``jax.devices()``).
+    fsdp: also shard large state leaves over them (`fsdp_sharding`).
+    grad_reduction: "xla" or "ordered" (see `make_train_step`).
+    batches: "host" (built by numpy), "device" (drawn inside the step) or "auto" (the
+      benchmark's choice: device where its training set is held whole on the device).
+    parallel: where the stacked runs go: "auto", "runs", "data" or "off" (see `Placement`).
+    run_block: how many of a device's runs are stepped together: "all" (one vmapped block: the
+      fastest on an accelerator, but a run's float32 bits then depend on how many runs share its
+      device), a number k as a string (k at a time: a run's bits depend only on k), or "auto"
+      (1 on a CPU, "all" on an accelerator).
+    optimizer_name: "adam", "adamw" or "sgd" (`maskprior_jax.optim.base_optimizer`).
+    learning_rate: the peak learning rate.
+    weight_decay: the weights' decay rate.
+    mask_lr_multiplier: the mask prior's learning rate over the base.
+    freeze_mask: the mask prior stays as initialised, bit for bit.
+    warmup_steps: linear warmup from 0.
+    schedule: "constant", or "cosine" (to 0 at ``steps``).
+    grad_clip_norm: clip the gradient to this global norm (0: none).
+    b2: Adam's second-moment decay.
+    decay_on: "all" leaves, or "matrices" (weight matrices only, not LayerNorm, biases or
+      embeddings).
+    qk_mask_decay: how the query/key kernels and the mask prior decay, in every method alike:
+      "legacy" (the kernels like every other weight, the mask not at all), "none" (neither) or
+      "init" (both toward their initial values).
+
+  Raises:
+    ValueError: for a value outside its choices, or cadences that ``steps_per_call`` does not
+      divide.
+
+  Example:
+    >>> from maskprior_jax.train import LoopSettings
+    >>> settings = LoopSettings(steps=100, batch_size=32, learning_rate=3e-4, schedule="cosine", warmup_steps=10)
+    >>> round(settings.learning_rate_at(10), 6), settings.learning_rate_at(100)
+    (0.0003, 0.0)
   """
   steps: int
   batch_size: int

@@ -17,7 +17,7 @@ UPDATED_COLLECTIONS = "updated_collections"
 
 
 class NonFiniteLoss(RuntimeError):
-  """The loss became NaN or infinite; the last good state was kept."""
+  """Raised when a run's loss became NaN or infinite; the last good state was kept."""
 
 
 @flax.struct.dataclass
@@ -66,5 +66,18 @@ def num_params(variables: dict) -> int:
 
 
 def stack_trees(trees: Sequence[Any]) -> Any:
-  """Stack pytrees of the same structure along a new leading (run) axis."""
+  """Stacks pytrees of one structure along a new leading (run) axis.
+
+  Args:
+    trees: pytrees with the same structure and leaf shapes (e.g. one variable tree per seed).
+
+  Returns:
+    One pytree whose leaves have a leading axis of ``len(trees)``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from maskprior_jax.train import stack_trees
+    >>> stack_trees([{"w": jnp.zeros(3)}, {"w": jnp.ones(3)}])["w"].shape
+    (2, 3)
+  """
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)

@@ -173,7 +173,20 @@ class Blocks(Stepper):
 
 def stepper(loss_fn: LossFn, tx: optax.GradientTransformation, states: TrainState, seeds: Sequence[int],
             batches: Callable | DeviceBatches, settings: LoopSettings, placement: Placement) -> Stepper:
-  """The `Stepper` for a placement, holding the initial stacked `states` (one run per seed)."""
+  """The `Stepper` for a placement.
+
+  Args:
+    loss_fn: the loss of one run.
+    tx: the optimizer.
+    states: the initial stacked `TrainState` (one run per seed).
+    seeds: the runs' seeds.
+    batches: a host batch function or `DeviceBatches`.
+    settings: the `LoopSettings`.
+    placement: where the runs go.
+
+  Returns:
+    A `Stepper` holding ``states`` in the placement's layout.
+  """
   kind = Blocks if placement.run_block > 0 else {"single": OneDevice, "runs": RunsMesh, "data": DataMesh}[placement.mode]
   return kind(loss_fn, tx, states, seeds, batches, settings, placement)
 
@@ -191,12 +204,20 @@ def _concat(trees, axis: int):
 
 
 class RunBlocks:
-  """A loop's runs cut into blocks of `k`, each block kept on the device that holds its runs and
-  stepped by one compiled k-run program (one call per block, dispatched without waiting). The
-  program is the same for every block on every device, so a run's bits depend only on k: not on
-  how many runs share its device, nor on how many devices or processes there are. `join` puts
-  the blocks back together as the stacked state (sharded as the placement says), for the loop's
-  sync points (evaluation, checkpoints, the non-finite check); `split` cuts a stacked state."""
+  """A loop's runs cut into blocks of ``k``, each stepped by one compiled k-run program.
+
+  Each block stays on the device that holds its runs (one call per block, dispatched without
+  waiting). The program is the same for every block on every device, so a run's bits depend only
+  on k: not on how many runs share its device, nor on how many devices or processes there are.
+  `join` puts the blocks back together as the stacked state for the loop's sync points;
+  `split` cuts a stacked state.
+
+  Args:
+    placement: where the runs go (`Placement`).
+    k: runs per block.
+    num_runs: this process's runs.
+    own_start: the index of this process's first run among all runs.
+  """
 
   def __init__(self, placement: Placement, k: int, num_runs: int, own_start: int):
     self.mesh, self.k = placement.mesh, k

@@ -91,21 +91,32 @@ def step_fn(loss_fn: LossFn, tx: optax.GradientTransformation, grad_reduce=None,
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, mesh: Mesh | None = None,
                     seed_axis: bool = False, steps_per_call: int = 1, donate: bool = True,
                     state_sharding=None, grad_reduction: str = "xla"):
-  """A jitted `step(state, batch) -> (state, metrics)`.
+  """A jitted ``step(state, batch) -> (state, metrics)``.
 
-  seed_axis: state and batch carry a leading seed axis; the step is vmapped over it, so S
-    independent runs share one compiled program.
-  steps_per_call > 1: `batch` carries a leading axis of that many steps, run with lax.scan
-    (metrics come back stacked).
-  mesh: a "data" mesh (`sharding.data_mesh`): batches are sharded over its "data" axis and the
-    state replicated, or sharded as `state_sharding` says (e.g. `fsdp_sharding(state, mesh)` for
-    large models: XLA gathers each weight where it is used and reduce-scatters its gradient). A
-    "runs" mesh (`sharding.runs_mesh`, with `seed_axis`): state, batch and metrics are sharded on
-    their run axis, each device steps its own runs and nothing crosses devices.
-  grad_reduction: "xla" (XLA's all-reduce of the gradient) or "ordered" (with a mesh: each
-    device's gradient gathered and summed in a fixed order, so the state is bit for bit the
-    same however the mesh's devices are spread over processes; costs a gather of every
-    device's gradient, so not with a sharded state; see `_ordered_value_and_grad`).
+  Args:
+    loss_fn: ``loss_fn(variables, batch, rng) -> (loss, aux)``, the loss of one run.
+    tx: the optimizer (e.g. `maskprior_jax.mask_prior_optimizer`).
+    mesh: a "data" mesh (`data_mesh`): batches are sharded over its "data" axis and the state
+      replicated, or sharded as ``state_sharding`` says. A "runs" mesh (with ``seed_axis``):
+      state, batch and metrics are sharded on their run axis; each device steps its own runs and
+      nothing crosses devices.
+    seed_axis: state and batch carry a leading seed axis; the step is vmapped over it, so S
+      independent runs share one compiled program.
+    steps_per_call: with more than 1, ``batch`` carries a leading axis of that many steps, run
+      with ``lax.scan`` (metrics come back stacked).
+    donate: donate the state's buffers to the call.
+    state_sharding: the state's sharding with a "data" mesh, e.g. ``fsdp_sharding(state, mesh)``
+      (XLA gathers each weight where it is used and reduce-scatters its gradient).
+    grad_reduction: "xla" (XLA's all-reduce of the gradient) or "ordered" (each device's
+      gradient gathered and summed in a fixed order, so the state is bit for bit the same however
+      the mesh's devices are spread over processes; not with a sharded state).
+
+  Returns:
+    The jitted step. ``metrics`` holds the loss, the gradient's global norm and the learning
+    rate (per run with ``seed_axis``).
+
+  Raises:
+    ValueError: for an unknown ``grad_reduction``, or "ordered" with a sharded state.
   """
   runs = is_runs_mesh(mesh)
   if runs and not seed_axis:
@@ -158,18 +169,30 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
                                device_batch_fn: Callable[[jax.Array, jax.Array], Any], num_runs: int, *,
                                steps_per_call: int = 1, mesh: Mesh | None = None, state_sharding=None,
                                donate: bool = True, grad_reduction: str = "xla", runs_argument: bool = False):
-  """A jitted `step(state, first_step) -> (state, metrics)` that draws its own batches on the
-  device: `device_batch_fn(step, run)` (traced; int32 scalars) returns run `run`'s batch for
-  training step `step`, a pure function of the two (e.g. indices drawn with a key folded from
-  the run's seed and the step, gathered from a training set held on the device), so a resumed
-  run sees the batches it would have seen and no batch crosses from the host. The state carries
-  a leading run axis of `num_runs` (as `make_train_step(seed_axis=True)`); each call runs
-  `steps_per_call` steps (metrics stacked on a leading step axis). With a `mesh`, every run's
-  batch is constrained to the "data" axis, so each device draws and gathers only its rows (JAX's
-  partitionable threefry gives the same numbers whatever the sharding). `grad_reduction` as in
-  `make_train_step`. With a "runs" mesh each device draws and steps only its own runs.
-  runs_argument (one device, no mesh): the step is `step(state, first_step, runs)`, `runs` the
-  int32 indices of the `num_runs` runs the state holds (a block of a larger set of runs).
+  """A jitted ``step(state, first_step) -> (state, metrics)`` that draws its own batches on the device.
+
+  No batch crosses from the host, and a resumed run sees the batches it would have seen. With a
+  ``mesh``, every run's batch is constrained to the "data" axis, so each device draws and gathers
+  only its rows (JAX's partitionable threefry gives the same numbers whatever the sharding); with
+  a "runs" mesh each device draws and steps only its own runs.
+
+  Args:
+    loss_fn: ``loss_fn(variables, batch, rng) -> (loss, aux)``.
+    tx: the optimizer.
+    device_batch_fn: ``device_batch_fn(step, run)`` (traced int32 scalars) returns run ``run``'s
+      batch for training step ``step``, a pure function of the two (e.g. indices drawn with a key
+      folded from the run's seed and the step, gathered from a training set held on the device).
+    num_runs: the runs the state stacks on its leading axis.
+    steps_per_call: steps per call (metrics stacked on a leading step axis).
+    mesh: a "data" or "runs" mesh, as in `make_train_step`.
+    state_sharding: the state's sharding with a "data" mesh.
+    donate: donate the state's buffers to the call.
+    grad_reduction: as in `make_train_step`.
+    runs_argument: one device, no mesh: the step is ``step(state, first_step, runs)``, ``runs``
+      the int32 indices of the ``num_runs`` runs the state holds (a block of a larger set).
+
+  Returns:
+    The jitted step.
   """
   by_run = is_runs_mesh(mesh)
   step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=None if by_run else _value_and_grad(
@@ -212,8 +235,18 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
 
 def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = None,
                    seed_axis: bool = False, batch_axis: int = 0):
-  """A jitted `eval_step(variables, batch)`; vmapped over seeds when `seed_axis`
-  (the batch is shared by all seeds)."""
+  """A jitted ``eval_step(variables, batch)``.
+
+  Args:
+    eval_fn: ``eval_fn(variables, batch)`` for one run.
+    mesh: a "data" mesh: the batch is sharded over its "data" axis, the variables replicated.
+    seed_axis: vmap over a leading seed axis of the variables (the batch is shared by all
+      seeds).
+    batch_axis: leading axes of the batch before its batch axis (for the sharding).
+
+  Returns:
+    The jitted evaluation step.
+  """
   fn = jax.vmap(eval_fn, in_axes=(0, None)) if seed_axis else eval_fn
   kwargs = {}
   if mesh is not None:
@@ -223,10 +256,23 @@ def make_eval_step(eval_fn: Callable[[dict, Any], Any], *, mesh: Mesh | None = N
 
 def loop_step(loss_fn: LossFn, tx: optax.GradientTransformation, batches: Callable[..., Any] | DeviceBatches,
               settings: LoopSettings, placement: Placement, state_sharding=None):
-  """The compiled call `train_seeds` steps its runs with, for a placement: with run blocks (k > 0) one
-  k-run program on one device, `call(state, batch)` (host batches) or `call(state, first_step, runs)`
-  (device batches); otherwise one program over all runs as the placement lays them out,
-  `call(state, batch)` or `call(state, first_step)`. Each call runs `settings.steps_per_call` steps."""
+  """The compiled call `train_seeds` steps its runs with, for a placement.
+
+  With run blocks (k > 0), one k-run program on one device: ``call(state, batch)`` (host batches)
+  or ``call(state, first_step, runs)`` (device batches). Otherwise one program over all runs as
+  the placement lays them out: ``call(state, batch)`` or ``call(state, first_step)``.
+
+  Args:
+    loss_fn: the loss of one run.
+    tx: the optimizer.
+    batches: a host batch function or `DeviceBatches`.
+    settings: the `LoopSettings` (``steps_per_call``, gradient reduction).
+    placement: where the runs go (`Placement`).
+    state_sharding: the state's sharding ("data" placement with FSDP).
+
+  Returns:
+    The jitted call; each call runs ``settings.steps_per_call`` steps.
+  """
   device_batch_fn = batches.fn if isinstance(batches, DeviceBatches) else None
   spc, mesh = settings.steps_per_call, placement.mesh
   if placement.run_block > 0:   # one k-run program for every block of runs, wherever it lies (see RunBlocks)
