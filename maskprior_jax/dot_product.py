@@ -35,9 +35,11 @@ def _attention_weights(query, key, bias, mask, precision=None):
   return jax.nn.softmax(logits, axis=-1)
 
 
+#: The attention implementations a module or `dot_product_attention` accepts (None means "xla").
 IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "auto")
 
 
+#: The platforms `for_platform` accepts.
 PLATFORMS = ("cpu", "gpu", "tpu")
 # The platform "auto" resolves for while a program is traced: None means the process's backend
 # (`jax.default_backend()`); `for_platform` sets it, so that a program can be built on a CPU for

@@ -35,6 +35,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 
+from maskprior_jax import _signatures
 from maskprior_jax.attention import (MASK_PRIOR, MaskSettings, _checked_init, expand_mask, mask_shape,
                                      with_prior_bias)
 from maskprior_jax.optim import PRIOR_LEAF
@@ -166,3 +167,4 @@ class SelfAttention(_PriorMixin, nn.SelfAttention):
 
 for _cls, _flax in ((MultiHeadDotProductAttention, nn.MultiHeadDotProductAttention), (SelfAttention, nn.SelfAttention)):
   _cls.__call__.__signature__ = inspect.signature(_flax.__call__)   # what `help()` and introspection show
+  _signatures.readable(_cls)

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from maskprior_jax import optim
+from maskprior_jax import _signatures, optim
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, _attention_weights, _checked_init, with_prior_bias,
                                      _fused_attention, _grouped, _layout, decode_step, dropout_shape, expand_mask, mask_shape)
 
@@ -56,6 +56,7 @@ class MaskPrior(nnx.Param):
 nnx.register_variable_name(MASK_PRIOR, MaskPrior, overwrite=True)
 
 # What the mask-prior optimizer updates, and what gradients must be taken with respect to.
+#: The filter for the variables the optimizer updates: ``nnx.Any(nnx.Param, MaskPrior)``.
 WRT = nnx.Any(nnx.Param, MaskPrior)
 DEFAULT_KERNEL_INIT = nnx.initializers.lecun_normal()   # as the Linen module and Flax's attention
 DEFAULT_BIAS_INIT = nnx.initializers.zeros_init()
@@ -381,6 +382,8 @@ MultiHeadAttention.__init__.__signature__ = inspect.signature(nnx.MultiHeadAtten
     parameters=[*inspect.signature(nnx.MultiHeadAttention.__init__).parameters.values()] + [
         inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d)
         for n, d in (("mask_init", None), ("mask_kind", "full"), ("max_len", None), ("grid", None), ("num_prefix", 0))])
+for _cls in (MaskPrior, MaskPriorAttention, MultiHeadAttention):   # NNX's metaclass hides __init__ otherwise
+  _signatures.readable(_cls)
 
 
 def mask_prior_optimizer(model: nnx.Module, learning_rate, **kw) -> nnx.Optimizer:

@@ -30,6 +30,7 @@ Schedule = Callable[[Any], Any]
 UNTOUCHED = "untouched"
 
 
+#: The leaf name of a prior kept inside "params" (`maskprior_jax.linen` with ``mask_collection="params"``).
 PRIOR_LEAF = "mask_prior"   # a prior kept inside "params" (`maskprior_jax.linen`, mask_collection="params")
 
 

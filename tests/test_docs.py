@@ -16,7 +16,7 @@ MODULES = ["maskprior_jax", "maskprior_jax.linen", "maskprior_jax.nnx", "maskpri
            "maskprior_jax.attention", "maskprior_jax.train", "maskprior_jax.checkpoint", "maskprior_jax.distributed",
            "maskprior_jax.blockwise", "maskprior_jax.measure"]
 # The modules whose docstrings hold runnable examples (a public name's home module, where doctest finds it).
-DOCTEST_MODULES = ["maskprior_jax.attention", "maskprior_jax.dot_product", "maskprior_jax.linen", "maskprior_jax.nnx",
+DOCTEST_MODULES = ["maskprior_jax.attention", "maskprior_jax.layouts", "maskprior_jax.dot_product", "maskprior_jax.linen", "maskprior_jax.nnx",
                    "maskprior_jax.priors", "maskprior_jax.optim", "maskprior_jax.train.settings",
                    "maskprior_jax.train.state", "maskprior_jax.checkpoint", "maskprior_jax.distributed",
                    "maskprior_jax.measure"]

@@ -15,6 +15,7 @@ from maskprior_jax.train.placement import Placement
 
 __all__ = ["LoopSettings", "GRAD_REDUCTIONS", "BATCH_SOURCES", "PARALLEL", "SCHEDULES", "DECAY_ON", "QK_MASK_DECAY"]
 
+#: The values of `LoopSettings.grad_reduction`.
 GRAD_REDUCTIONS = ("xla", "ordered")
 BATCH_SOURCES = ("host", "device", "auto")
 PARALLEL = ("auto", "runs", "data", "off")

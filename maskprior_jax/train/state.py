@@ -13,6 +13,7 @@ import optax
 __all__ = ["TrainState", "NonFiniteLoss", "create_state", "stack_trees", "num_params", "LossFn", "UPDATED_COLLECTIONS"]
 
 LossFn = Callable[[dict, Any, jax.Array], tuple[jax.Array, dict]]
+#: The key of a loss function's metrics that carries updated model state (e.g. "batch_stats").
 UPDATED_COLLECTIONS = "updated_collections"
 
 
