@@ -1,11 +1,16 @@
 """Sphinx configuration: MyST Markdown pages, the notebooks rendered from their stored outputs
-(myst-nb, never executed here), autodoc/autosummary API pages, and two pages generated at build
-time so they cannot drift: the config reference (every --config.SECTION.KEY of the built-in configs,
-with its default and meaning) and the pictures of the `priors` builders."""
+(myst-nb, never executed here; docs/notebooks holds links to colab/), autodoc API pages (one per
+public name, docs/api), and two things generated at build time so they cannot drift: the config
+reference (the `config-reference` directive: every --config.SECTION.KEY of the built-in configs,
+with its default and meaning) and the pictures of the `priors` builders (`prior-picture`). The
+build writes only into its output folder."""
 import pathlib
-import shutil
 import socket
 import sys
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
 
 DOCS = pathlib.Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -28,11 +33,20 @@ nb_execution_mode = "off"   # the notebooks show the outputs stored in colab/*.i
 html_theme = "sphinx_book_theme"
 html_title = f"maskprior-jax {release}"
 html_static_path = ["_static"]
-autosummary_generate = False
-autodoc_default_options = {"members": True, "show-inheritance": True}
+html_css_files = ["custom.css"]
+autosummary_generate = False   # the per-name pages are committed (docs/_generate.py api_pages)
+autodoc_default_options = {}   # each page names the members it documents (no dataclass fields)
 autodoc_member_order = "bysource"
-autodoc_typehints = "signature"
+# Type hints as part of each argument's description, not 20-line signatures.
+autodoc_typehints = "description"
+autodoc_typehints_description_target = "documented_params"
+autodoc_preserve_defaults = True
+python_use_unqualified_type_names = True
 napoleon_google_docstring = True
+napoleon_use_rtype = False
+napoleon_use_ivar = True   # Attributes as a field list: no second object description per attribute
+# `name` in a docstring links to the documented object of that name.
+default_role = "py:obj"
 # Pages link to repository files that are not documents (configs, run folders); those stay as
 # text and code paths, and the notebooks' cell outputs may hold mimetypes the HTML builder skips.
 suppress_warnings = ["mystnb.unknown_mime_type"]
@@ -55,38 +69,43 @@ def _online(host: str = "docs.python.org") -> bool:
 intersphinx_mapping = INTERSPHINX if _online() else {}
 
 
-def _generate(app):
-  import _generate
-  _generate.config_reference(DOCS / "guides" / "_config_reference.md")
-  _generate.prior_pictures(DOCS / "_static" / "priors")
-  nb = DOCS / "notebooks"
-  nb.mkdir(exist_ok=True)
-  for src in sorted((ROOT / "colab").glob("*.ipynb")):
-    shutil.copyfile(src, nb / src.name)
+PRIOR_PICTURES = "_static/priors"
 
 
-def _rst_ok(text: str) -> bool:
-  """Whether plain docutils reads `text` without a warning."""
-  import io
-
-  from docutils.core import publish_doctree
-  stream = io.StringIO()
-  try:
-    publish_doctree(text, settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": stream})
-  except Exception:   # Sphinx's own roles need its environment: such text was written as reST
-    return True
-  return not stream.getvalue()
+def _prior_pictures(app):
+  """The prior pictures, made into the output folder (the HTML builder's only)."""
+  if app.builder.format == "html":
+    import _generate
+    _generate.prior_pictures(pathlib.Path(app.outdir) / PRIOR_PICTURES)
 
 
-def _docstring(app, what, name, obj, options, lines):
-  """The library's docstrings are plain text laid out for `help()` ("name: meaning" lines with
-  hanging indents). One that is not valid reStructuredText as written (after napoleon) is shown as
-  written, in a preformatted block, instead of being mangled or failing the build."""
-  text = "\n".join(lines)
-  if lines and not _rst_ok(text):
-    lines[:] = ["::", ""] + ["   " + line for line in lines] + [""]
+class ConfigReference(SphinxDirective):
+  """The table of every config key, generated from the built-in configs."""
+
+  def run(self):
+    import _generate
+    box = nodes.container()
+    self.state.nested_parse(StringList(_generate.config_table().splitlines(), "config_reference"),
+                            self.content_offset, box)
+    return box.children
+
+
+class PriorPicture(SphinxDirective):
+  """One prior builder's picture (made by `_prior_pictures` into the output folder)."""
+  required_arguments = 1
+
+  def run(self):
+    import _generate
+    name = self.arguments[0]
+    if name not in _generate.PRIOR_EXAMPLES:
+      raise self.error(f"no picture for {name!r}; there are {', '.join(_generate.PRIOR_EXAMPLES)}")
+    up = "../" * self.env.docname.count("/")
+    html = (f'<img src="{up}{PRIOR_PICTURES}/{name}.png" alt="the initial bias of priors.{name}, per head" '
+            'style="max-width: 100%">')
+    return [nodes.raw("", html, format="html")]
 
 
 def setup(app):
-  app.connect("builder-inited", _generate)
-  app.connect("autodoc-process-docstring", _docstring)
+  app.connect("builder-inited", _prior_pictures)
+  app.add_directive("config-reference", ConfigReference)
+  app.add_directive("prior-picture", PriorPicture)

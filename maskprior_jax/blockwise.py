@@ -86,7 +86,7 @@ def _forward(query, key, value, bias, mask, block_size):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def blockwise_attention(query, key, value, bias=None, mask=None, block_size: int = 128):
-  """``softmax(q . k / sqrt(H) + bias, where mask) . v``, key block by key block.
+  """Dot-product attention with an additive logit bias, computed key block by key block.
 
   The forward pass keeps only the output and each row's log-sum-exp; the custom VJP walks the
   key blocks again, so temporaries are batch x heads x T x ``block_size``, and the bias gradient

@@ -165,7 +165,9 @@ def attention_implementation(requested: str | None, dtype, bias_batch: int | Non
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array | None = None,
                           mask: jax.Array | None = None, *, implementation: str | None = None,
                           block_size: int = 128) -> jax.Array:
-  """``softmax(q . k / sqrt(H) + bias, where mask) . v``, in ``jax.nn.dot_product_attention``'s layout.
+  """Dot-product attention with an additive logit bias, in ``jax.nn.dot_product_attention``'s layout.
+
+  Computes ``softmax(q k^T / sqrt(H) + bias, where mask) v``.
 
   cuDNN with a bias under ``jax.vmap`` (several runs in one program, each with its own prior):
   JAX's batching rule for the fused kernel assumes that a batched bias carries the example

@@ -106,6 +106,32 @@ def test_docstring_examples_run(name):
   assert result.attempted > 0, name
 
 
+def _generate_module():
+  sys.path.insert(0, str(REPO / "docs"))
+  try:
+    import _generate
+  finally:
+    sys.path.remove(str(REPO / "docs"))
+  return _generate
+
+
+def test_api_pages_are_what_the_generator_writes():
+  """docs/api holds exactly the pages `docs/_generate.py` writes (`python docs/_generate.py` rewrites
+  them after a public name changes)."""
+  pages = _generate_module().api_pages(REPO / "docs" / "api")
+  assert set(pages) == set((REPO / "docs" / "api").glob("*.md"))
+  stale = [p.name for p, text in pages.items() if p.read_text() != text]
+  assert not stale, stale
+
+
+def test_every_public_function_and_class_has_one_api_page():
+  gen = _generate_module()
+  documented = [gen._resolve(n)[2] for _, _, names in gen.API_TOPICS for n in names]
+  assert len(documented) == len({id(o) for o in documented}), "an object is documented twice"
+  missing = [n for n, obj in _functions_and_classes() if not any(obj is o for o in documented)]
+  assert not missing, missing
+
+
 def test_the_public_modules_declare_all():
   for name in MODULES:
     assert hasattr(importlib.import_module(name), "__all__"), name

@@ -233,9 +233,9 @@ class _Timing:
 
 
 class Progress:
-  """Reports ``[label] step k/total loss=... (steps/s, elapsed)`` every ``every`` steps.
+  """Reports the runs' progress every ``every`` steps.
 
-  The lines go to the "maskprior_jax.train" logger at INFO (the ``maskprior`` command shows them
+  Each report is one line, ``[label] step k/total loss=... (steps/s, elapsed)``. The lines go to the "maskprior_jax.train" logger at INFO (the ``maskprior`` command shows them
   on stderr; an importing program routes or silences them with ``logging``), or are printed to
   ``stream`` where one is given.
 
