@@ -1,4 +1,5 @@
 import json
+import pathlib
 import os
 import subprocess
 import sys
@@ -7,6 +8,8 @@ import pytest
 from cli_args import SMALL_MODEL
 
 from maskprior_jax.bench import args, cli
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
          "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20", *SMALL_MODEL]
@@ -126,6 +129,11 @@ def test_rerun_skips_finished_methods(finished_run, capsys):
     (["--target", "x0x1", "--seen", "x0 === 1"], "seen condition"),
     (["--target", "x0x1"], "needs both --target and --seen"),
     (["--task", "f2", "--methods", "vanilla,magic"], "unknown method magic"),
+    (["--task", "f2_2parit"], "unknown task 'f2_2parit' \\(did you mean f2_2parity\\?\\)"),
+    (["--task", "f2", "--methods", "vanila"], "unknown method vanila \\(did you mean vanilla\\?\\)"),
+    (["--task", "f2", "--config.train.step=10"], "unknown config key 'train.step' \\(did you mean steps\\?\\)"),
+    (["--task", "f2", "--config.trian.steps=10"], "no section 'trian' \\(did you mean train\\?\\)"),
+    (["--task", "f2", "--config", "boolean_papr"], "\\(did you mean boolean_paper\\?\\)"),
     (["--task", "f2", "--config.train.stepz=10"], "unknown config key 'train.stepz'"),
     (["--task", "f2", "--config.train.steps=many"], "expected an integer"),
     (["--task", "f2", "--config.prior.mode=melted"], "prior.mode must be learned or frozen"),
@@ -203,3 +211,51 @@ def test_many_seeds_get_a_short_folder_name():
   assert seeds_dir([0, 1]) == "seeds_0_1"
   long = seeds_dir(list(range(100)))
   assert long.startswith("seeds_0-99_n100_") and len(long) < 40 and long != seeds_dir(list(range(1, 101)))
+
+
+def test_help_says_seeds_is_a_count_or_a_range():
+  from maskprior_jax.bench import cli
+  parser = cli.build_parser()
+  sub = next(a for a in parser._actions if a.dest == "command").choices["boolean"]
+  text = " ".join(sub.format_help().split())
+  assert "N is a count (seeds 0..N-1; --seeds 1 is seed 0 alone)" in text
+  assert "A-B a range (A to B inclusive; --seeds 1-2 is seeds 1 and 2)" in text
+
+
+def test_wide_tables_are_split_to_the_terminal_and_pipes_keep_markdown():
+  from maskprior_jax.bench import console
+  header = "| method | " + " | ".join(f"column {i} long header" for i in range(8)) + " |"
+  rule = "|---|" + "---|" * 8
+  rows = [f"| m{r} | " + " | ".join(f"{r}.{i}" for i in range(8)) + " |" for r in range(3)]
+  text = "A line of prose. " * 10 + "\n\n" + "\n".join([header, rule, *rows]) + "\n"
+  assert console.fit_tables(text) == text   # not a terminal here: unchanged
+  fitted = console.fit_tables(text, 80)
+  assert max(map(len, fitted.splitlines())) <= 80
+  tables = [block for block in fitted.split("\n\n") if block.startswith("|")]
+  assert len(tables) > 1
+  for block in tables:   # every part keeps the key column and every row
+    lines = block.splitlines()
+    assert lines[0].startswith("| method") and [line.split("|")[1].strip() for line in lines[2:]] == ["m0", "m1", "m2"]
+  cells = [c.strip() for block in tables for line in block.splitlines()[2:] for c in line.split("|")[2:-1]]
+  assert sorted(cells) == sorted(f"{r}.{i}" for r in range(3) for i in range(8))
+
+
+def test_the_last_lines_of_a_run_say_where_things_are(tmp_path):
+  from maskprior_jax.bench import console
+  (tmp_path / "table.md").write_text("x")
+  (tmp_path / "results.json").write_text("{}")
+  (tmp_path / "unseen_loss.png").write_bytes(b"")
+  (tmp_path / "tensorboard").mkdir()
+  text = console.where_results(tmp_path)
+  assert text.startswith(f"results in {tmp_path}:")
+  assert "table.md" in text and "unseen_loss.png" in text
+  assert f"tensorboard --logdir {tmp_path / 'tensorboard'}" in text
+  assert f"maskprior report {tmp_path}" in text
+
+
+def test_one_seeds_excess_is_shown_without_a_spread():
+  from maskprior_jax.bench.boolean import report
+  res = json.loads((REPO / "experiments" / "results" / "boolean_headline" / "f2_2parity" / "results.json").read_text())
+  one = dict(res, runs=[r for r in res["runs"] if r["seed"] == 0])
+  table = report.excess_table([one], ["vanilla", "mask"])
+  assert "(one seed)" in table and "± 0.000" not in table

@@ -2,15 +2,20 @@
 lists (a count, a range or a list), and the exploration scripts' refusal of confirmation seeds."""
 from __future__ import annotations
 
-from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.config import UsageError, did_you_mean
 
 
 def parse_list(text: str, allowed, what: str) -> list[str]:
   items = [t.strip() for t in text.split(",") if t.strip()]
   bad = [t for t in items if t not in allowed]
   if bad or not items:
-    raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(allowed)}")
+    hint = did_you_mean(bad[0], allowed) if len(bad) == 1 else ""
+    raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}{hint}; choose from {', '.join(allowed)}")
   return items
+
+
+SEEDS_HELP = ("how many seeds, or which: N is a count (seeds 0..N-1; --seeds 1 is seed 0 alone), A-B a range "
+              "(A to B inclusive; --seeds 1-2 is seeds 1 and 2), A,B,C a list (default: %(default)s)")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -62,5 +67,6 @@ def script_tasks(text: str, known) -> list[str]:
   tasks = text.split(",")
   unknown = [t for t in tasks if t not in known]
   if unknown:
-    raise SystemExit(f"unknown generated task {unknown[0]!r}; choose from {', '.join(known)}")
+    raise SystemExit(f"unknown generated task {unknown[0]!r}{did_you_mean(unknown[0], known)}; choose from "
+                     f"{', '.join(known)}")
   return tasks

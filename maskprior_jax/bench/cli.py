@@ -12,7 +12,7 @@ import importlib
 import json
 import sys
 
-from maskprior_jax.bench.args import exploration_seeds, parse_list, parse_seeds
+from maskprior_jax.bench.args import SEEDS_HELP, exploration_seeds, parse_list, parse_seeds
 from maskprior_jax.bench import config as config_lib, console, supervise, workdir as workdir_lib
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
@@ -35,19 +35,18 @@ def cmd_benchmark(args) -> int:
   methods, seeds = parse_list(args.methods, command.methods, "method"), parse_seeds(args.seeds)
   record, context = command.prepare(args, cfg, methods)
   with open_workdir(workdir_lib.path(args.workdir), record, args.fresh, " ".join(["maskprior", *args.argv])) as workdir:
-    print(command.run(cfg, context, methods, seeds, workdir))
-  print(f"results in {workdir}")
+    print(console.fit_tables(command.run(cfg, context, methods, seeds, workdir)))
+  print(console.where_results(workdir))
   return 0
 
 
 def cmd_report(args) -> int:
   """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
   results.json that cannot be read is named in one line and skipped (exit status 1); --markdown: a page."""
-  if not args.markdown:
-    return _report(args)
   status, text = console.captured(_report, args)
-  print(text, end="")
-  workdir_lib.write_text(workdir_lib.path(args.markdown), console.report_page(args, text))
+  print(text if args.markdown else console.fit_tables(text), end="")
+  if args.markdown:
+    workdir_lib.write_text(workdir_lib.path(args.markdown), console.report_page(args, text))
   return status
 
 
@@ -98,7 +97,7 @@ def _benchmark_flags(p, name: str, command) -> None:
   command.add_arguments(p)
   p.add_argument("--methods", default=",".join(command.default_methods or command.methods),
                  help=f"comma-separated, from {', '.join(command.methods)} (default: %(default)s)")
-  p.add_argument("--seeds", default=command.default_seeds, help="a count K (seeds 0..K-1), a range A-B, or a list A,B,C (default: %(default)s)")
+  p.add_argument("--seeds", default=command.default_seeds, metavar="N | A-B | A,B,C", help=SEEDS_HELP)
   p.add_argument("--config", help="config file with get_config(), or a built-in config's name (default: the "
                  "built-in config of this benchmark)")
 

@@ -38,7 +38,7 @@ from jax.sharding import SingleDeviceSharding
 
 from maskprior_jax import attention, sharding, train
 from maskprior_jax.bench import runner
-from maskprior_jax.bench.config import UsageError
+from maskprior_jax.bench.config import UsageError, did_you_mean
 from maskprior_jax.bench.flops import count_flops
 
 GiB = 1 << 30
@@ -120,10 +120,7 @@ def _host_memory() -> float:
 
 def target(name: str) -> Target:
   if name not in TARGETS:
-    import difflib
-    close = difflib.get_close_matches(name, TARGETS, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    raise UsageError(f"unknown --topology {name!r}{hint}; use {', '.join(TARGETS)}")
+    raise UsageError(f"unknown --topology {name!r}{did_you_mean(name, TARGETS)}; use {', '.join(TARGETS)}")
   t = TARGETS[name]
   return dataclasses.replace(t, memory=_host_memory()) if t.platform == "cpu" else t
 

@@ -25,6 +25,20 @@ class UsageError(ValueError):
   """A bad command line or run folder (reported as one line, exit status 2)."""
 
 
+def did_you_mean(name: str, choices) -> str:
+  """" (did you mean X?)" for the closest of `choices` to a misspelled `name`, or ""."""
+  import difflib
+  close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+  return f" (did you mean {close[0]}?)" if close else ""
+
+
+def builtin_names() -> list[str]:
+  """The built-in configs' names: "boolean", "boolean_paper", "arithmetic", ..."""
+  root = pathlib.Path(__file__).parent
+  return sorted(p.parent.parent.name + ("" if p.stem == "default" else "_" + p.stem)
+                for p in root.glob("*/configs/*.py") if not p.stem.startswith("_"))
+
+
 def load_config_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
   path = pathlib.Path(path)
   if not path.is_file():
@@ -43,7 +57,7 @@ def builtin_config(name: str) -> ml_collections.ConfigDict:
   bench, _, variant = name.partition("_")
   path = pathlib.Path(__file__).parent / bench / "configs" / f"{variant or 'default'}.py"
   if not path.is_file():
-    raise ConfigError(f"no built-in config {name!r}")
+    raise ConfigError(f"no built-in config {name!r}{did_you_mean(name, builtin_names())}")
   return load_config_file(path)
 
 
@@ -56,7 +70,8 @@ def resolve(given: str | None, benchmark: str) -> ml_collections.ConfigDict:
     try:
       return builtin_config(given)
     except ConfigError:
-      raise ConfigError(f"config file {given} does not exist, nor is there a built-in config of that name") from None
+      raise ConfigError(f"config file {given} does not exist, nor is there a built-in config of that name"
+                        f"{did_you_mean(given, builtin_names())}; built-in: {', '.join(builtin_names())}") from None
   return load_config_file(given)
 
 
@@ -100,10 +115,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
     node, parts = config, key.split(".")
     for p in parts[:-1]:
       if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
-        raise ConfigError(f"unknown config key {key!r} (no section {p!r})")
+        sections = [k for k, v in node.items() if isinstance(v, ml_collections.ConfigDict)]
+        raise ConfigError(f"unknown config key {key!r}: no section {p!r}{did_you_mean(p, sections)}; "
+                          f"sections here: {', '.join(sorted(sections))}")
       node = node[p]
     if parts[-1] not in node:
-      raise ConfigError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node.keys()))}")
+      raise ConfigError(f"unknown config key {key!r}{did_you_mean(parts[-1], node.keys())}; known in this "
+                        f"section: {', '.join(sorted(node.keys()))}")
     old = config_path.get_value(key, config)
     if isinstance(old, ml_collections.ConfigDict):
       raise ConfigError(f"config key {key!r} is a section, not a value")
@@ -265,7 +283,8 @@ def check(cfg: ml_collections.ConfigDict, *, choices: dict | None = None, positi
              "prior.mode": ("learned", "frozen"), "train.optimizer": ("adam", "adamw", "sgd"), **(choices or {})}
   for key, allowed in choices.items():
     if _get(cfg, key) not in allowed:
-      raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}")
+      raise ConfigError(f"{key} must be {' or '.join(map(str, allowed))}, not {_get(cfg, key)!r}"
+                        f"{did_you_mean(_get(cfg, key), allowed)}")
   for key in ("train.steps", "train.batch_size", "train.learning_rate", "eval.every_steps", "eval.probe_size",
               *positive):
     if not _get(cfg, key) > 0:

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import sys
+import textwrap
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -72,3 +73,87 @@ def to_devnull(fd: int) -> None:
   while the interpreter shuts down (asyncio's "never retrieved" futures, "Event loop is closed"), so
   stderr goes quiet and the line stays the last one; after a closed pipe, stdout does."""
   os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+
+
+def _terminal_width() -> int | None:
+  """The terminal's width when stdout is one, else None (a pipe or a file)."""
+  import shutil
+  if sys.stdout.isatty():
+    return shutil.get_terminal_size().columns
+  return None
+
+
+def _cells(line: str) -> list[str]:
+  import re
+  return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def _table_lines(rows: list[list[str]]) -> list[str]:
+  widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(rows[0]))]
+  out = []
+  for r in rows:
+    if all(set(c) <= set("-:") and c for c in r):   # the header rule
+      out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    else:
+      out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+  return out
+
+
+def _split_table(rows: list[list[str]], width: int) -> list[list[str]]:
+  """A Markdown table as one or more tables that fit `width`, each repeating the first column."""
+  widths = [max(len(r[i]) for r in rows if i < len(r)) + 3 for i in range(len(rows[0]))]
+  groups, current = [], []
+  for i in range(1, len(widths)):
+    if current and widths[0] + sum(widths[j] for j in current) + widths[i] + 1 > width:
+      groups.append(current)
+      current = []
+    current.append(i)
+  groups.append(current)
+  out = []
+  for g in groups:
+    out += _table_lines([[r[0]] + [r[j] if j < len(r) else "" for j in g] for r in rows]) + [""]
+  return out[:-1]
+
+
+def fit_tables(text: str, width: int | None = None) -> str:
+  """`text` for a terminal: its Markdown tables aligned, those wider than the terminal split into
+  several (each repeating the first column), and long prose lines wrapped. Unchanged when stdout is not a terminal (pipes
+  and files keep the Markdown as written) unless `width` is given."""
+  width = width or _terminal_width()
+  if not width:
+    return text
+  lines, out, i = text.split("\n"), [], 0
+  while i < len(lines):
+    if not lines[i].lstrip().startswith("|"):
+      prose = len(lines[i]) > width and not lines[i].startswith((" ", "`"))
+      out.append(textwrap.fill(lines[i], width, break_on_hyphens=False) if prose else lines[i])
+      i += 1
+      continue
+    j = i
+    while j < len(lines) and lines[j].lstrip().startswith("|"):
+      j += 1
+    rows = [_cells(line) for line in lines[i:j]]
+    aligned = _table_lines(rows)
+    out += aligned if max(map(len, aligned)) <= width else _split_table(rows, width)
+    i = j
+  return "\n".join(out)
+
+
+def where_results(workdir) -> str:
+  """The last lines of a run: where its tables, pictures and curves are, and how to view them."""
+  import pathlib
+  import shlex as _shlex
+  folder = pathlib.Path(str(workdir))
+  shown = _shlex.quote(str(workdir))
+  lines = [f"results in {workdir}:"]
+  if (folder / "table.md").exists():
+    lines.append("  table.md           the tables above; results.json holds every number behind them")
+  elif (folder / "results.json").exists():
+    lines.append("  results.json       every number behind the tables above")
+  pictures = sorted(p.name for p in folder.glob("*.png"))
+  if pictures:
+    lines.append(f"  pictures           {', '.join(pictures)}")
+  if (folder / "tensorboard").is_dir():
+    lines.append(f"  training curves    tensorboard --logdir {_shlex.quote(str(folder / 'tensorboard'))}")
+  lines.append(f"  tables and plots   maskprior report {shown} [--out FOLDER]   (several run folders at once)")
+  return "\n".join(lines)

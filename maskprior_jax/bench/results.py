@@ -333,8 +333,10 @@ def metric_curves(curves: dict, key: str) -> dict[str, tuple[np.ndarray, np.ndar
 
 
 def plot_curves(path: str | os.PathLike, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, title: str,
-                ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None) -> None:
-  """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band."""
+                ylabel: str, logy: bool = False, hlines: dict[str, float] | None = None,
+                note: str | None = None) -> None:
+  """curves: label -> (steps (T,), values (seeds, T)); mean line with min-max band; `note`: a line of
+  small text under the axes."""
   fig, ax = new_figure((5.5, 3.6))
   for label, (steps, values) in curves.items():
     values = np.asarray(values, float)
@@ -349,7 +351,9 @@ def plot_curves(path: str | os.PathLike, curves: dict[str, tuple[np.ndarray, np.
     ax.set_yscale("symlog", linthresh=1e-2)
   ax.set(title=title, xlabel="step", ylabel=ylabel)
   ax.legend(fontsize=8)
-  fig.tight_layout()
+  if note:
+    fig.text(0.01, 0.01, note, fontsize=6.5, color="dimgray", va="bottom", wrap=True)
+  fig.tight_layout(rect=(0, 0.09 if note else 0, 1, 1))
   workdir_lib.write_figure(fig, path)
 
 

@@ -55,12 +55,14 @@ class Placement:
     blocks = ("" if self.mode == "data" else "; all of a device's runs stepped as one vmapped block"
               if not self.run_block else "; stepped one run at a time" if self.run_block == 1
               else f"; stepped {self.run_block} runs at a time")
+    runs = f"{self.num_runs} run{'s' if self.num_runs != 1 else ''}"
     if self.mode == "runs":
-      return (f"run-parallel: {self.num_runs} runs over {self.devices} devices, {self.runs_per_device} "
+      return (f"run-parallel: {runs} over {self.devices} devices, {self.runs_per_device} "
               f"per device ({self.reason}){blocks}")
     if self.mode == "data":
-      return f"data-parallel: each of {self.num_runs} runs' batch split over {self.devices} devices ({self.reason})"
-    return f"one device: {self.num_runs} runs ({self.reason}){blocks}"
+      whose = "the run's batch" if self.num_runs == 1 else f"each of {runs}' batch"
+      return f"data-parallel: {whose} split over {self.devices} devices ({self.reason})"
+    return f"one device: {runs} ({self.reason}){blocks}"
 
   def record(self) -> dict:
     """What results.json's environment keeps of it."""
