@@ -16,6 +16,15 @@ def test_every_notebook_is_here():
                                          "03_bring_your_own_model.ipynb", "04_vision_language.ipynb"]
 
 
+def _execute(path, tmp_path):
+  nb = nbformat.read(path, as_version=4)
+  nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                          resources={"metadata": {"path": str(tmp_path)}}).execute()
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+  assert not errors
+  return nb
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
   monkeypatch.setenv("MASKPRIOR_SMOKE", "1")
@@ -29,3 +38,23 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
                           resources={"metadata": {"path": str(tmp_path)}}).execute()
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
   assert not errors
+
+
+def test_vision_notebook_takes_the_tfds_path_on_a_dataset_built_here(tmp_path, monkeypatch):
+  """The path Colab takes for MNIST (tfds.builder(...).download_and_prepare(), then the benchmark's
+  tfds.data_source reader), offline: a small image dataset prepared here as array_record files, which
+  the notebook's kernel finds in MASKPRIOR_TFDS_DIR (nothing downloaded; the builder class is not even
+  imported there)."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  PIL = pytest.importorskip("PIL.Image")
+  from test_vision_language import _builders
+  images, _ = _builders(tfds, PIL)
+  images(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+  monkeypatch.setenv("MASKPRIOR_SMOKE", "1")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setenv("MASKPRIOR_VISION_DATASET", "maskprior_tiny_images")
+  monkeypatch.setenv("MASKPRIOR_TFDS_DIR", str(tmp_path / "tfds"))
+  nb = _execute(COLAB / "04_vision_language.ipynb", tmp_path)
+  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+  assert "vision dataset: maskprior_tiny_images" in text
