@@ -30,6 +30,7 @@ exclude_patterns = ["_build", "results/generated/REBUILD.sh", "**.ipynb_checkpoi
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 myst_heading_anchors = 3
 nb_execution_mode = "off"   # the notebooks show the outputs stored in colab/*.ipynb
+nb_merge_streams = True     # a cell's stdout (and stderr) as one block, not one box per write
 html_theme = "sphinx_book_theme"
 html_title = f"maskprior-jax {release}"
 html_static_path = ["_static"]

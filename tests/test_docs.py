@@ -30,6 +30,26 @@ HEADLINE = ["maskprior_jax.MaskPriorAttention", "maskprior_jax.linen.MultiHeadDo
 SECTION = re.compile(r"^(Args|Attributes|Returns|Raises):$", re.M)
 
 
+CHART_LINES = [line for line in (GENERATED / "REBUILD.sh").read_text().splitlines()
+               if line.startswith("maskprior report") and "--chart" in line]
+
+
+@pytest.mark.parametrize("line", CHART_LINES, ids=lambda line: line.split("--chart $G/")[1].split(".")[0])
+def test_results_chart_draws_what_maskprior_report_draws(line, tmp_path, monkeypatch, capsys):
+  """Each committed chart's numbers (its .json) are what `maskprior report --chart` draws from the
+  committed runs; the picture is beside them."""
+  from maskprior_jax.bench import cli
+  argv = shlex.split(line.split(" > ")[0])[1:]
+  name = argv[argv.index("--chart") + 1].replace("$G/", "")
+  argv = [a.replace("$R", str(REPO / "experiments" / "results")) for a in argv]
+  argv[argv.index("--chart") + 1] = str(tmp_path / name)
+  assert cli.main(argv) == 0
+  capsys.readouterr()
+  committed = GENERATED / name
+  assert committed.exists() and committed.stat().st_size > 10_000
+  assert (tmp_path / name.replace(".png", ".json")).read_text() == committed.with_suffix(".json").read_text()
+
+
 def test_every_generated_page_has_a_rebuild_line():
   script = (GENERATED / "REBUILD.sh").read_text()
   assert len(PAGES) >= 8

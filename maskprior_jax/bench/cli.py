@@ -41,8 +41,8 @@ def cmd_benchmark(args) -> int:
 
 
 def cmd_report(args) -> int:
-  """Tables (and with --out, plots) from run folders; Boolean runs of one task are pooled. A
-  results.json that cannot be read is named in one line and skipped (exit status 1); --markdown: a page."""
+  """Tables (--out: plots, --chart: the headline chart, --markdown: a page) from run folders; Boolean runs
+  of one task are pooled; an unreadable results.json is named in one line and skipped (exit status 1)."""
   status, text = console.captured(_report, args)
   print(text if args.markdown else console.fit_tables(text), end="")
   if args.markdown:
@@ -82,6 +82,8 @@ def _report(args) -> int:
   boolean = [r for r in loaded if r[1]["benchmark"] == "boolean"]
   if boolean:
     print(report("boolean").report(boolean, out))
+  if args.chart:
+    importlib.import_module("maskprior_jax.bench.charts").write(loaded, workdir_lib.path(args.chart))
   return 1 if damaged else 0
 
 
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--out", help="write summary.md, headline.png and per-task plots here (default: print only)")
   r.add_argument("--markdown", help="also write the tables as a Markdown page to this file (default: off)")
   r.add_argument("--title", help="the page's title (default: the folders' names)")
+  r.add_argument("--chart", help="also draw the headline comparison to this PNG, every seed a dot (default: off)")
   r.set_defaults(fn=cmd_report)
   return parser
 

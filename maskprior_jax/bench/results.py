@@ -313,12 +313,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def new_figure(figsize: tuple[float, float]):
+def new_figure(figsize: tuple[float, float], ncols: int = 1, width_ratios=None):
   """(figure, axes) drawn without pyplot, so that saving plots never changes the caller's
   matplotlib backend or state (a notebook keeps its inline plots)."""
   from matplotlib.figure import Figure
   fig = Figure(figsize=figsize)
-  return fig, fig.subplots()
+  return fig, fig.subplots(1, ncols, width_ratios=width_ratios) if ncols > 1 else fig.subplots()
 
 
 def metric_curves(curves: dict, key: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -14,3 +14,8 @@ maskprior report $R/arithmetic_prev_recipe --markdown $G/arithmetic_prev_recipe.
 maskprior report $R/arithmetic_prev_default --markdown $G/arithmetic_prev_default.md --title "Arithmetic, first round (superseded)" > /dev/null
 maskprior report $R/boolean_prev_default --markdown $G/boolean_prev_default.md --title "Boolean headline before the round-2 default (superseded)" > /dev/null
 maskprior report $R/boolean_dropin/confirmation --markdown $G/boolean_dropin.md --title "Boolean round 4: the attention-only reader design reader_a1, confirmation" > /dev/null
+# The headline charts (every seed a dot; the numbers drawn are beside each picture as .json, which
+# tests/test_docs.py compares):
+maskprior report $R/boolean_headline --chart $G/boolean_headline_chart.png > /dev/null
+maskprior report $R/arithmetic --chart $G/arithmetic_chart.png > /dev/null
+maskprior report $R/vision $R/language --chart $G/vision_language_chart.png > /dev/null
