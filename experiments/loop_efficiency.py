@@ -130,9 +130,14 @@ def main():
                  help="train.run_block values for the scaling table (all: one vmapped block; 1: one run at a time)")
   p.add_argument("--out", help="append JSON lines here (default: stdout)")
   p.add_argument("--markdown", help="print the tables of a JSON-lines file and exit")
+  p.add_argument("--brief", action="store_true", help="with --markdown: the summaries only, not every timing")
+  p.add_argument("--chart", help="with --markdown: also draw the loop's efficiency to this PNG (numbers as .json)")
   a = p.parse_args()
   if a.markdown:
-    print(markdown([json.loads(line) for line in open(a.markdown)]))
+    rows = [json.loads(line) for line in open(a.markdown)]
+    print(markdown(rows, brief=a.brief))
+    if a.chart:
+      chart(rows, a.chart)
     return
   out = open(a.out, "a") if a.out else sys.stdout
   seeds = list(range(a.seeds))
@@ -166,18 +171,44 @@ def _block(row) -> str:
   return ", one block" if not row["run_block"] else f", blocks of {row['run_block']}"
 
 
-def markdown(rows):
-  lines = ["| benchmark | batches | runs | loop steps/s | bare step steps/s (median; each timing) | efficiency | evaluation share of the loop | "
-           "efficiency without the evaluation's compute | placement |", "|---|---|---|---|---|---|---|---|---|"]
+def chart(rows, path) -> None:
+  """The loop's efficiency (loop steps/s over the bare step's) per benchmark and batch source: each
+  repeat a dot, the median a line; its numbers beside the picture as .json."""
+  from maskprior_jax.bench import results as results_lib
+  from maskprior_jax.bench import workdir as workdir_lib
+  loops = [r for r in rows if r["kind"] == "loop"]
+  keys = list(dict.fromkeys((r["benchmark"], r["batches"]) for r in loops))
+  data = [{"benchmark": b, "batches": s, "efficiency": [round(r["efficiency"], 4) for r in loops
+                                                        if (r["benchmark"], r["batches"]) == (b, s)]} for b, s in keys]
+  fig, ax = results_lib.new_figure((7.5, 3.4))
+  for i, d in enumerate(data):
+    color = "C0" if d["batches"] == "host" else "C1"
+    ax.scatter([i] * len(d["efficiency"]), d["efficiency"], s=16, color=color, zorder=3,
+               label=f"{d['batches']} batches" if i < 2 else None)
+    ax.hlines(np.median(d["efficiency"]), i - 0.3, i + 0.3, colors=color, lw=2)
+  ax.axhline(1.0, ls="--", c="gray", lw=0.8)
+  ax.set_xticks(range(len(data)), [f"{d['benchmark']}\n{d['batches']}" for d in data], fontsize=8)
+  ax.set_ylabel("loop steps/s over the bare step's")
+  ax.set_title("The training loop's efficiency: each repeat, and the median (1 = no overhead)", fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  workdir_lib.write_figure(fig, path)
+  workdir_lib.write_text(path.removesuffix(".png") + ".json", json.dumps(data, indent=1) + "\n")
+
+
+def markdown(rows, brief: bool = False):
+  lines = [] if brief else [
+      "| benchmark | batches | runs | loop steps/s | bare step steps/s (median; each timing) | efficiency | evaluation "
+      "share of the loop | efficiency without the evaluation's compute | placement |", "|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    if r["kind"] == "loop":
+    if r["kind"] == "loop" and not brief:
       lines.append(f"| {r['benchmark']} | {r['batches']} | {r['seeds']} | {r['loop_steps_per_s']:.1f} | "
                    f"{r['step_steps_per_s']:.1f} ({', '.join(f'{x:.1f}' for x in r.get('step_steps_per_s_each', []))}) | "
                    f"{r['efficiency']:.2f} | {r['evaluation_s'] / r['loop_s']:.2f} | "
                    f"{r['efficiency_without_evaluation']:.2f} | {r['placement']} x{r['devices']}{_block(r)} |")
   loops = [r for r in rows if r["kind"] == "loop" and "repeat" in r]
   if loops:   # the repeats side by side, their median and the lowest (this shared machine drifts both ways)
-    lines += ["", "| benchmark | batches | efficiency, each repeat | median | lowest |", "|---|---|---|---|---|"]
+    lines += [""] * bool(lines) + ["| benchmark | batches | efficiency, each repeat | median | lowest |", "|---|---|---|---|---|"]
     for key in dict.fromkeys((r["benchmark"], r["batches"]) for r in loops):
       eff = [r["efficiency"] for r in loops if (r["benchmark"], r["batches"]) == key]
       lines.append(f"| {key[0]} | {key[1]} | {', '.join(f'{e:.2f}' for e in eff)} | {np.median(eff):.2f} | {min(eff):.2f} |")

@@ -50,6 +50,19 @@ def test_results_chart_draws_what_maskprior_report_draws(line, tmp_path, monkeyp
   assert (tmp_path / name.replace(".png", ".json")).read_text() == committed.with_suffix(".json").read_text()
 
 
+def test_speed_chart_draws_what_its_script_draws(tmp_path):
+  import subprocess
+  line = next(line for line in (GENERATED / "REBUILD.sh").read_text().splitlines()
+              if line.startswith("python experiments/loop_efficiency.py") and "--chart" in line)
+  argv = [a.replace("$R", "experiments/results") for a in shlex.split(line.split(" > ")[0])[1:]]
+  name = argv[argv.index("--chart") + 1].replace("$G/", "")
+  argv[argv.index("--chart") + 1] = str(tmp_path / name)
+  subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, check=True)
+  committed = GENERATED / name
+  assert committed.exists() and committed.stat().st_size > 10_000
+  assert (tmp_path / name.replace(".png", ".json")).read_text() == committed.with_suffix(".json").read_text()
+
+
 def test_every_generated_page_has_a_rebuild_line():
   script = (GENERATED / "REBUILD.sh").read_text()
   assert len(PAGES) >= 8
@@ -180,7 +193,8 @@ def test_the_readme_is_a_landing_page():
     assert (REPO / link).exists(), link
 
 
-SCRIPT_BLOCK = re.compile(r"<!-- generated: (python experiments/\S+\.py --markdown \S+) -->\n(.*?)<!-- end -->", re.S)
+SCRIPT_BLOCK = re.compile(r"<!-- generated: (python experiments/\S+\.py --markdown \S+(?: --brief)?) -->\n(.*?)<!-- end -->",
+                          re.S)
 
 
 @pytest.mark.parametrize("path", ["README.md", "docs/results/speed.md", "docs/results/boolean.md",

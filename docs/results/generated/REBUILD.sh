@@ -19,3 +19,4 @@ maskprior report $R/boolean_dropin/confirmation --markdown $G/boolean_dropin.md 
 maskprior report $R/boolean_headline --chart $G/boolean_headline_chart.png > /dev/null
 maskprior report $R/arithmetic --chart $G/arithmetic_chart.png > /dev/null
 maskprior report $R/vision $R/language --chart $G/vision_language_chart.png > /dev/null
+python experiments/loop_efficiency.py --markdown $R/loop_efficiency/cpu_2core_defaults_2026-12-06_stepper.jsonl --brief --chart $G/loop_efficiency_chart.png > /dev/null
