@@ -144,6 +144,11 @@ API_CONSTANTS = ["maskprior_jax.attention.MASK_PRIOR", "maskprior_jax.attention.
                  "maskprior_jax.train.settings.GRAD_REDUCTIONS", "maskprior_jax.train.state.UPDATED_COLLECTIONS"]
 
 
+API_MODULES = ["maskprior_jax", "maskprior_jax.attention", "maskprior_jax.linen", "maskprior_jax.nnx",
+               "maskprior_jax.priors", "maskprior_jax.optim", "maskprior_jax.layouts", "maskprior_jax.blockwise",
+               "maskprior_jax.train", "maskprior_jax.checkpoint", "maskprior_jax.distributed", "maskprior_jax.measure"]
+
+
 def _resolve(name: str):
   import importlib
   module, _, attr = name.rpartition(".")
@@ -193,6 +198,10 @@ def api_index() -> str:
     module, attr, _ = _resolve(n)
     lines += [f".. autodata:: {n}", "   :no-value:" if attr == "MASK_LAYOUTS" else "", ""]
   lines = [line for i, line in enumerate(lines) if line or not (lines[i - 1] == "" if i else False)]
+  lines += ["```", "", "## Modules", "", "What each module holds (its docstring); its public names are above.", "",
+            "```{eval-rst}"]
+  for module in API_MODULES:
+    lines += [f".. automodule:: {module}", "   :no-members:", ""]
   lines += ["```", "", "```{toctree}", ":hidden:", ""] + toc + ["```", ""]
   return "\n".join(lines)
 

@@ -106,7 +106,30 @@ class PriorPicture(SphinxDirective):
     return [nodes.raw("", html, format="html")]
 
 
+def _project_reference(app, env, node, contnode):
+  """A backticked name that names a documented object of this project under another path (a name
+  re-exported by `maskprior_jax`, or one written relative to another module) links to that object:
+  the documented object with the same last component, preferring the one under the reference's own
+  module where several share it."""
+  if node.get("refdomain") != "py":
+    return None
+  from sphinx.util.nodes import make_refnode
+  domain = env.get_domain("py")
+  target = node["reftarget"].removeprefix("~")
+  last = target.rsplit(".", 1)[-1].removesuffix("()")
+  matches = [n for n in domain.objects if n.startswith("maskprior_jax") and n.rsplit(".", 1)[-1] == last]
+  if len(matches) > 1:
+    here = node.get("py:module") or ""
+    matches = [n for n in matches if n.startswith(here + ".") and n.count(".") == here.count(".") + 1] or \
+        sorted(matches, key=lambda n: n.count("."))[:1]
+  if len(matches) != 1:
+    return None
+  entry = domain.objects[matches[0]]
+  return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, matches[0])
+
+
 def setup(app):
+  app.connect("missing-reference", _project_reference)
   app.connect("builder-inited", _prior_pictures)
   app.add_directive("config-reference", ConfigReference)
   app.add_directive("prior-picture", PriorPicture)

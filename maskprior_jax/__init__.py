@@ -1,11 +1,13 @@
 """maskprior-jax: learnable attention mask priors for JAX/Flax.
 
-The mask's path through the library, one file each:
-  priors.py     structure -> initializer (which positions interact, never target values)
-  attention.py  MaskPriorAttention keeps the bias in its own collection, "mask_prior"
-  optim.py      mask_prior_optimizer gives that collection its own rule (or freezes it)
-  train/        the compiled step, the placements and the training loop
-The benchmarks live beside the library in `maskprior_jax.bench` (extra "bench").
+The mask's path through the library, one module each:
+
+- `maskprior_jax.priors`: structure -> initializer (which positions interact, never target values).
+- `maskprior_jax.attention`: `MaskPriorAttention` keeps the bias in its own collection, "mask_prior".
+- `maskprior_jax.optim`: `mask_prior_optimizer` gives that collection its own rule (or freezes it).
+- `maskprior_jax.train`: the compiled step, the placements and the training loop.
+
+The benchmarks live beside the library in ``maskprior_jax.bench`` (extra "bench").
 """
 from maskprior_jax import priors
 from maskprior_jax.attention import (ATTENTION_WEIGHTS, MASK_PRIOR, MaskPriorAttention, MaskSettings,

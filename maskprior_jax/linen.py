@@ -1,28 +1,21 @@
 """Flax's own Linen attention classes with a mask prior: the exact drop-in.
 
-`maskprior_jax.linen.MultiHeadDotProductAttention` and `SelfAttention` are subclasses of
-`flax.linen.MultiHeadDotProductAttention` / `flax.linen.SelfAttention` with the same class names,
-so swapping one import line is the whole change:
+`MultiHeadDotProductAttention` and `SelfAttention` are subclasses of
+``flax.linen.MultiHeadDotProductAttention`` and ``flax.linen.SelfAttention`` with the same class
+names, so swapping one import line is the whole change::
 
     from maskprior_jax import linen as attn   # instead of flax.linen's attention classes
     attn.MultiHeadDotProductAttention(num_heads=8, mask_init=prior)
 
 Everything Flax's class does is Flax's own code: the attribute and call signatures, the auto-name
-(`MultiHeadDotProductAttention_0`, hence the parameter paths and `make_rng("dropout")` paths, so
-existing checkpoints load and dropout draws the same masks), `broadcast_dropout`,
-`force_fp32_for_softmax`, `decode` and its "cache" variables, `sow_weights`, `attention_fn`. The
-prior is added as the `bias` argument of the attention function (Flax's `dot_product_attention` by
-default), cast to the logits' dtype so bfloat16 computes as in Flax. Without `mask_init` the module
-is Flax's, bit for bit. Mirrored and tested against the installed Flax (0.11 and newer).
-
-Added attributes:
-  mask_init: initializer `(key, shape, dtype) -> B` (e.g. from `maskprior_jax.priors`) or an array;
-    None: no prior.
-  mask_kind, max_len, grid, num_prefix: the bias's parameterization, as `MaskPriorAttention`.
-  mask_collection: where the bias lives. "mask_prior" (default): its own collection, variable
-    "bias", so `mask_prior_optimizer` can give it its own rule. "params": inside the module's
-    params as the leaf "mask_prior", for training loops that pass only `{"params": params}`;
-    `mask_prior_optimizer` finds it there by that name (own learning rate, freezing).
+(``MultiHeadDotProductAttention_0``, hence the parameter paths and ``make_rng("dropout")`` paths, so
+existing checkpoints load and dropout draws the same masks), ``broadcast_dropout``,
+``force_fp32_for_softmax``, ``decode`` and its "cache" variables, ``sow_weights``, ``attention_fn``.
+The prior is added as the ``bias`` argument of the attention function (Flax's
+``dot_product_attention`` by default), cast to the logits' dtype so bfloat16 computes as in Flax.
+Without ``mask_init`` the module is Flax's, bit for bit. Mirrored and tested against the installed
+Flax (0.11 and newer). The added attributes (``mask_init``, ``mask_kind``, ``max_len``, ``grid``,
+``num_prefix``, ``mask_collection``) are described on each class.
 
 For new code `maskprior_jax.MaskPriorAttention` is the documented module (more attention paths:
 cuDNN, blockwise, grouped-query attention).
