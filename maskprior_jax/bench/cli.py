@@ -1,9 +1,7 @@
-"""The `maskprior` command: one subcommand per benchmark, plus `report`.
-
-Parses and dispatches only: each benchmark's `run.COMMAND` (`runner.Command`) adds its flags,
-checks its input and runs; each benchmark's `report` module writes its tables. Errors a user can
-cause (bad config key or value, bad task spec, unknown method, a workdir holding a different run)
-are reported as one line on stderr with exit status 2, before any work starts.
+"""The `maskprior` command: one subcommand per benchmark, plus `report`. Parses and dispatches only:
+each benchmark's `run.COMMAND` (`runner.Command`) adds its flags, checks its input and runs; its
+`report` module writes its tables. Errors a user can cause (bad config key or value, bad task spec,
+unknown method, a workdir holding another run) are one line on stderr, exit status 2, before any work.
 """
 from __future__ import annotations
 
