@@ -6,6 +6,7 @@ Shapes: attention maps are (batch, heads, q_len, kv_len) per layer; patterns bro
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import flax
@@ -59,7 +60,12 @@ def attention_maps(apply_fn: Callable, variables: dict, inputs: Any) -> list[jax
   """
   _, state = apply_fn(variables, inputs, mutable=["intermediates"])
   flat = flax.traverse_util.flatten_dict(state["intermediates"])
-  return [v[0] for k, v in sorted(flat.items()) if k[-1] == ATTENTION_WEIGHTS]
+  return [v[0] for k, v in sorted(flat.items(), key=lambda kv: _natural(kv[0])) if k[-1] == ATTENTION_WEIGHTS]
+
+
+def _natural(path: tuple) -> tuple:
+  """A module path's sort key with its numbers as numbers: "layers_2" before "layers_10"."""
+  return tuple(tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(name))) for name in path)
 
 
 def total_variation(attn: jax.Array, pattern: jax.Array) -> jax.Array:

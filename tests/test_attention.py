@@ -410,3 +410,18 @@ def test_auto_keeps_to_the_sizes_cudnn_supports_and_cudnn_names_the_size_it_refu
   x = jnp.zeros((2, 19, 4, 16), jnp.bfloat16)
   with pytest.raises(ValueError, match="implementation='cudnn': cuDNN's fused attention .trained. needs even"):
     mp.dot_product_attention(x, x, x, jnp.zeros((1, 4, 19, 19)), implementation="cudnn")
+
+
+def test_attention_maps_come_in_layer_order_past_ten_layers():
+  """measure.attention_maps lists layers in the order the model calls them (block_2 before block_10):
+  each of 12 layers gets a prior that sends every query to its own key, so the maps say which is which."""
+  from maskprior_jax import MaskSettings, measure, models
+  depth, length = 12, 12
+  tokens = length + 1   # the model's CLS token and the inputs
+  masks = [MaskSettings(priors.from_matrix(np.where(np.arange(tokens)[None, :] == layer, 0.0, -50.0)
+                                           * np.ones((tokens, 1)))) for layer in range(depth)]
+  model = models.Transformer(vocab_size=2, dim=16, depth=depth, num_heads=2, head_dim=8, mlp_dim=16,
+                             max_len=length, mask=masks)
+  x = jnp.zeros((1, length), jnp.int32)
+  maps = measure.attention_maps(model.apply, model.init(jax.random.key(0), x), x)
+  assert [int(jnp.argmax(m[0, 0, 0])) for m in maps] == list(range(depth))
