@@ -189,8 +189,9 @@ def api_index() -> str:
            "example that the test suite runs.", ""]
   toc = []
   for title, blurb, names in API_TOPICS:
-    lines += [f"## {title}", "", blurb, "", "```{eval-rst}", ".. autosummary::", ""]
-    lines += [f"   ~{n}" for n in names]
+    lines += [f"## {title}", "", blurb, "", "```{eval-rst}", ".. currentmodule:: maskprior_jax", "",
+              ".. autosummary::", ""]
+    lines += [f"   {n.removeprefix('maskprior_jax.')}" for n in names]   # shown as written: nnx.X, linen.X
     lines += ["```", ""]
     toc += names
   lines += ["## Constants", "", "```{eval-rst}"]
