@@ -176,8 +176,7 @@ def api_page(name: str) -> str:
            "", f".. auto{kind}:: {attr}"]
   if kind == "class":
     members = _members(obj)
-    lines += [f"   :members: {', '.join(members)}" if members else "   :members:", "   :show-inheritance:"] \
-        if members else ["   :show-inheritance:"]
+    lines += ([f"   :members: {', '.join(members)}"] if members else []) + ["   :show-inheritance:"]
   return "\n".join(lines + ["```", ""])
 
 
@@ -197,8 +196,7 @@ def api_index() -> str:
   lines += ["## Constants", "", "```{eval-rst}"]
   for n in API_CONSTANTS:
     module, attr, _ = _resolve(n)
-    lines += [f".. autodata:: {n}", "   :no-value:" if attr == "MASK_LAYOUTS" else "", ""]
-  lines = [line for i, line in enumerate(lines) if line or not (lines[i - 1] == "" if i else False)]
+    lines += [f".. autodata:: {n}", *(["   :no-value:"] if attr == "MASK_LAYOUTS" else []), ""]
   lines += ["```", "", "## Modules", "", "What each module holds (its docstring); its public names are above.", "",
             "```{eval-rst}"]
   for module in API_MODULES:

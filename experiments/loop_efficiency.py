@@ -174,8 +174,8 @@ def _block(row) -> str:
 def chart(rows, path) -> None:
   """The loop's efficiency (loop steps/s over the bare step's) per benchmark and batch source: each
   repeat a dot, the median a line; its numbers beside the picture as .json."""
+  from maskprior_jax.bench import charts
   from maskprior_jax.bench import results as results_lib
-  from maskprior_jax.bench import workdir as workdir_lib
   loops = [r for r in rows if r["kind"] == "loop"]
   keys = list(dict.fromkeys((r["benchmark"], r["batches"]) for r in loops))
   data = [{"benchmark": b, "batches": s, "efficiency": [round(r["efficiency"], 4) for r in loops
@@ -191,9 +191,7 @@ def chart(rows, path) -> None:
   ax.set_ylabel("loop steps/s over the bare step's")
   ax.set_title("The training loop's efficiency: each repeat, and the median (1 = no overhead)", fontsize=9)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  workdir_lib.write_figure(fig, path)
-  workdir_lib.write_text(path.removesuffix(".png") + ".json", json.dumps(data, indent=1) + "\n")
+  charts.save(fig, data, path)
 
 
 def markdown(rows, brief: bool = False):

@@ -16,11 +16,6 @@ from maskprior_jax.bench import workdir as workdir_lib
 HEADLINE_METHODS = ("vanilla", "mimetic", "qk", "mask")   # the methods every benchmark compares
 
 
-def _methods(runs: Sequence[dict]) -> list[str]:
-  present = {r["method"] for r in runs}
-  return [m for m in HEADLINE_METHODS if m in present] + sorted(present - set(HEADLINE_METHODS))
-
-
 def _boolean(pooled: Sequence[dict]) -> dict:
   """Per task and method, every seed's unseen MSE over the MDI's (fitted runs; the others counted),
   and the structure-only bound."""
@@ -28,7 +23,7 @@ def _boolean(pooled: Sequence[dict]) -> dict:
   tasks = []
   for res in pooled:
     per = {}
-    for m in [m for m in _methods(res["runs"]) if m in HEADLINE_METHODS]:
+    for m in [m for m in results_lib.methods_in(res, HEADLINE_METHODS) if m in HEADLINE_METHODS]:
       runs = sorted((r for r in res["runs"] if r["method"] == m), key=lambda r: r["seed"])
       per[m] = {"fitted": [round(report.mdi_share(r["unseen_mse_true"], res["mdi_unseen_mse_true"]), 6)
                            for r in runs if r["fitted"]],
@@ -43,7 +38,7 @@ def _arithmetic(res: dict) -> dict:
   return {"kind": "arithmetic", "task": res["task"], "sizes": sizes,
           "methods": {m: [[round(r["exact_match"], 6) for r in sorted(res["runs"], key=lambda r: r["seed"])
                            if r["method"] == m and r["train_size"] == s] for s in sizes]
-                      for m in _methods(res["runs"])}}
+                      for m in results_lib.methods_in(res, HEADLINE_METHODS)}}
 
 
 def _supervised(res: dict) -> dict:
@@ -52,7 +47,7 @@ def _supervised(res: dict) -> dict:
   key = supervised_report.headline_key(res)
   return {"kind": res["benchmark"], "metric": key,
           "methods": {m: [round(r[key], 6) for r in sorted(res["runs"], key=lambda r: r["seed"]) if r["method"] == m]
-                      for m in _methods(res["runs"])}}
+                      for m in results_lib.methods_in(res, HEADLINE_METHODS)}}
 
 
 def chart_data(loaded: Sequence[dict], boolean_pooled: Sequence[dict] = ()) -> list[dict]:
@@ -134,10 +129,15 @@ def draw(panels: Sequence[dict], path: str | os.PathLike) -> None:
   fig, axes = results_lib.new_figure((4.6 * sum(widths), 4.0), ncols=len(panels), width_ratios=widths)
   for ax, panel in zip(np.atleast_1d(axes), panels):
     {"boolean": _draw_boolean, "arithmetic": _draw_arithmetic}.get(panel["kind"], _draw_supervised)(ax, panel)
+  save(fig, panels, path)
+
+
+def save(fig, data, path: str | os.PathLike) -> None:
+  """A chart's picture at `path` and the numbers it draws beside it (`.json` for `.png`)."""
   fig.tight_layout()
   workdir_lib.path(path).parent.mkdir(parents=True, exist_ok=True)
   workdir_lib.write_figure(fig, path)
-  workdir_lib.write_text(os.fspath(path).removesuffix(".png") + ".json", json.dumps(panels, indent=1) + "\n")
+  workdir_lib.write_text(os.fspath(path).removesuffix(".png") + ".json", json.dumps(data, indent=1) + "\n")
 
 
 def write(found: Sequence[tuple[os.PathLike, dict]], path: str | os.PathLike) -> None:

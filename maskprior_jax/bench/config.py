@@ -25,11 +25,12 @@ class UsageError(ValueError):
   """A bad command line or run folder (reported as one line, exit status 2)."""
 
 
-def did_you_mean(name: str, choices) -> str:
-  """" (did you mean X?)" for the closest of `choices` to a misspelled `name`, or ""."""
+def did_you_mean(name: str, choices, rename: dict | None = None) -> str:
+  """" (did you mean X?)" for the closest of `choices` to a misspelled `name`, or ""; `rename` maps a
+  choice to the name shown (an alias to what it stands for)."""
   import difflib
   close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
-  return f" (did you mean {close[0]}?)" if close else ""
+  return f" (did you mean {(rename or {}).get(close[0], close[0])}?)" if close else ""
 
 
 def builtin_names() -> list[str]:

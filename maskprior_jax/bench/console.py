@@ -99,7 +99,7 @@ def _table_lines(rows: list[list[str]]) -> list[str]:
   return out
 
 
-def _split_table(rows: list[list[str]], width: int) -> list[list[str]]:
+def _split_table(rows: list[list[str]], width: int) -> list[str]:
   """A Markdown table as one or more tables that fit `width`, each repeating the first column."""
   widths = [max(len(r[i]) for r in rows if i < len(r)) + 3 for i in range(len(rows[0]))]
   groups, current = [], []
@@ -142,9 +142,8 @@ def fit_tables(text: str, width: int | None = None) -> str:
 def where_results(workdir) -> str:
   """The last lines of a run: where its tables, pictures and curves are, and how to view them."""
   import pathlib
-  import shlex as _shlex
   folder = pathlib.Path(str(workdir))
-  shown = _shlex.quote(str(workdir))
+  shown = shlex.quote(str(workdir))
   lines = [f"results in {workdir}:"]
   if (folder / "table.md").exists():
     lines.append("  table.md           the tables above; results.json holds every number behind them")
@@ -154,6 +153,6 @@ def where_results(workdir) -> str:
   if pictures:
     lines.append(f"  pictures           {', '.join(pictures)}")
   if (folder / "tensorboard").is_dir():
-    lines.append(f"  training curves    tensorboard --logdir {_shlex.quote(str(folder / 'tensorboard'))}")
+    lines.append(f"  training curves    tensorboard --logdir {shlex.quote(str(folder / 'tensorboard'))}")
   lines.append(f"  tables and plots   maskprior report {shown} [--out FOLDER]   (several run folders at once)")
   return "\n".join(lines)

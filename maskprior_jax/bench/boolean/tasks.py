@@ -15,7 +15,6 @@ minimum-degree interpolator in `boolean.algebra`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import re
 from typing import Callable
@@ -256,9 +255,9 @@ ALIASES = {"f1": "f1_threesym", "threesym": "f1_threesym", "f2": "f2_2parity", "
 def get_task(name: str) -> Task:
   key = ALIASES.get(name, name)
   if key not in TASKS:
-    close = difflib.get_close_matches(name, [*TASKS, *ALIASES], n=1)
-    hint = f" (did you mean {ALIASES.get(close[0], close[0])}?)" if close else ""
-    raise TaskSpecError(f"unknown task {name!r}{hint}; choose from {', '.join(TASKS)} "
+    from maskprior_jax.bench.config import did_you_mean
+    raise TaskSpecError(f"unknown task {name!r}{did_you_mean(name, [*TASKS, *ALIASES], ALIASES)}; choose from "
+                        f"{', '.join(TASKS)} "
                         f"(or give --target and --seen)")
   return TASKS[key]
 
