@@ -2,7 +2,11 @@
 faults, several processes, the CLI's own behaviour): what they check (bit-identical resume, layouts,
 crash recovery, files and messages) does not depend on the model's size, so they train a small model
 (SMALL_MODEL) and, where no test reads the whole cube's degree profile, evaluate on a sample of the
-cube (SMALL_BOOLEAN), which halves each command's compile and run time. `free_port()`: a port on
+cube (SMALL_BOOLEAN), which halves each command's compile and run time. Commands whose subject is not
+where runs go add ONE_DEVICE: with the suite's 8 host devices, "auto" spreads a method's runs over
+them, and XLA's CPU compiler keys a program by its device, so the one-run program is compiled once per
+device (8 compiles of about 2.7 s for the arithmetic end-to-end run, half of its time); where runs go
+is the subject of test_run_parallel, test_optim_train and test_multiprocess. `free_port()`: a port on
 127.0.0.1 that nothing listens on, for a coordinator or an emulator the tests start."""
 import socket
 
@@ -10,6 +14,8 @@ SMALL_MODEL = ["--config.model.depth=1", "--config.model.dim=16", "--config.mode
                "--config.model.head_dim=8", "--config.model.mlp_dim=32"]
 SMALL_BOOLEAN = [*SMALL_MODEL, "--config.eval.full_cube_max_n=10", "--config.eval.num_points=512",
                  "--config.eval.probe_size=32"]
+
+ONE_DEVICE = ["--config.train.parallel=off"]
 
 
 def free_port() -> int:

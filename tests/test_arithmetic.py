@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cli_args import SMALL_MODEL
+from cli_args import ONE_DEVICE, SMALL_MODEL
 
 from maskprior_jax.bench.arithmetic import tasks as A
 from maskprior_jax.bench import cli
@@ -86,7 +86,7 @@ def test_short_end_to_end_run(tmp_path):
   rc = cli.main(["arithmetic", "--task", "add", "--digits", "2", "--train-sizes", "100,400", "--methods",
                  "vanilla,qk,mask", "--seeds", "2", "--workdir", str(work), "--config.train.steps=50", "--config.train.warmup_steps=10",
                  "--config.eval.every_steps=25", "--config.train.steps_per_call=25", "--config.task.test_size=300", "--config.qk.fit_steps=10",
-                 "--config.eval.probe_size=16", *SMALL_MODEL])
+                 "--config.eval.probe_size=16", *SMALL_MODEL, *ONE_DEVICE])
   assert rc == 0
   res = json.loads((work / "results.json").read_text())
   assert len(res["runs"]) == 3 * 2 * 2
@@ -230,7 +230,7 @@ def test_coupling_methods_run_and_modadd_refuses_them(tmp_path, capsys):
   assert cli.main(["arithmetic", "--digits", "2", "--train-sizes", "100", "--methods", "coupling,mask_coupling",
                    "--seeds", "1", "--workdir", str(work), "--config.train.steps=50", "--config.train.warmup_steps=5", "--config.eval.every_steps=50",
                    "--config.task.test_size=200", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50",
-                   "--config.prior.kind=carry", *SMALL_MODEL]) == 0
+                   "--config.prior.kind=carry", *SMALL_MODEL, *ONE_DEVICE]) == 0
   res = json.loads((work / "results.json").read_text())
   assert sorted(r["method"] for r in res["runs"]) == ["coupling", "mask_coupling"]
   assert "| train size | coupling | mask_coupling |" in (work / "table.md").read_text()
@@ -286,7 +286,8 @@ def test_methods_run_in_separate_folders_and_merged_equal_one_process(tmp_path):
   common = ["--digits", "2", "--train-sizes", "60,100", "--seeds", "0-1", "--config.train.steps=50",
             "--config.train.warmup_steps=5", "--config.eval.every_steps=25", "--config.train.steps_per_call=25",
             "--config.task.test_size=100",
-            "--config.task.val_size=40", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50", *SMALL_MODEL]
+            "--config.task.val_size=40", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50", *SMALL_MODEL,
+            *ONE_DEVICE]
   assert cli.main(["arithmetic", "--methods", "vanilla,mask_coupling", "--workdir", str(tmp_path / "one"), *common]) == 0
   failed = curve.run_parallel([(m, tmp_path / "parts" / m, ["arithmetic", "--methods", m, *common])
                                for m in ("vanilla", "mask_coupling")], max_jobs=2, log=lambda *a: None)

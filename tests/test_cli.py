@@ -5,14 +5,15 @@ import subprocess
 import sys
 
 import pytest
-from cli_args import SMALL_MODEL
+from cli_args import ONE_DEVICE, SMALL_MODEL
 
 from maskprior_jax.bench import args, cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-         "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20", *SMALL_MODEL]
+         "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20", *SMALL_MODEL,
+         *ONE_DEVICE]
 
 
 def _run(args, cwd):
@@ -164,7 +165,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
   args = ["boolean", "--task", "f2", "--methods", "vanilla", "--seeds", "1", "--workdir", str(tmp_path),
           "--config.train.optimizer=sgd", "--config.train.learning_rate=1e4", "--config.train.steps=400",
           "--config.train.steps_per_call=1", "--config.eval.every_steps=1", "--config.checkpoint.every_steps=1",
-          "--config.eval.num_points=256", "--config.eval.probe_size=16"]
+          "--config.eval.num_points=256", "--config.eval.probe_size=16", *ONE_DEVICE]
   out = _run(args, tmp_path)
   assert out.returncode == 1, out.stderr
   line = out.stderr.strip().splitlines()[-1]

@@ -2,12 +2,12 @@
 import json
 
 import pytest
-from cli_args import SMALL_BOOLEAN
+from cli_args import ONE_DEVICE, SMALL_BOOLEAN
 
 from maskprior_jax.bench import cli
 
 SHORT = [*SMALL_BOOLEAN, "--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-         "--config.eval.num_points=256", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50"]
+         "--config.eval.num_points=256", "--config.eval.probe_size=16", "--config.checkpoint.every_steps=50", *ONE_DEVICE]
 
 
 def _one_line_error(capsys):
@@ -20,13 +20,13 @@ def test_unknown_dataset_leaves_the_workdir_untouched_and_the_corrected_command_
   work = tmp_path / "vision"
   assert cli.main(["vision", "--dataset", "mnst", "--methods", "vanilla", "--seeds", "1", "--workdir", str(work),
                    "--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-                   "--config.checkpoint.every_steps=50"]) == 2
+                   "--config.checkpoint.every_steps=50", *ONE_DEVICE]) == 2
   line = _one_line_error(capsys)
   assert "'mnst'" in line and "digits" in line and "pydoc" in line and "tfds build mnst" in line
   assert not work.exists()
   assert cli.main(["vision", "--dataset", "digits", "--methods", "vanilla", "--seeds", "1", "--workdir", str(work),
                    "--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-                   "--config.checkpoint.every_steps=50"]) == 0
+                   "--config.checkpoint.every_steps=50", *ONE_DEVICE]) == 0
   assert json.loads((work / "results.json").read_text())["runs"][0]["method"] == "vanilla"
 
 

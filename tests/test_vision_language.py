@@ -5,14 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from cli_args import SMALL_MODEL
+from cli_args import ONE_DEVICE, SMALL_MODEL
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import data as D
 
 SHORT_DEFAULT_MODEL = ["--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
                        "--config.qk.fit_steps=10", "--config.eval.probe_size=8"]
-SHORT = [*SHORT_DEFAULT_MODEL, *SMALL_MODEL]
+SHORT = [*SHORT_DEFAULT_MODEL, *SMALL_MODEL, *ONE_DEVICE]
 
 
 def _builders(tfds, PIL):
