@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
-from cli_args import ONE_DEVICE, SMALL_BOOLEAN
+from cli_args import SMALL_BOOLEAN
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import config as C
@@ -20,7 +20,7 @@ from maskprior_jax.bench.boolean import run as BR
 from maskprior_jax.bench.boolean import tasks
 
 SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=25", "--config.eval.every_steps=50",
-         "--config.checkpoint.every_steps=50", *SMALL_BOOLEAN, *ONE_DEVICE]
+         "--config.checkpoint.every_steps=50", *SMALL_BOOLEAN]
 ARGS = ["boolean", "--task", "f2", "--seeds", "2", "--methods", "vanilla,qk,mask", *SHORT]
 
 
