@@ -4,11 +4,12 @@ crash recovery, files and messages) does not depend on the model's size, so they
 (SMALL_MODEL) and, where no test reads the whole cube's degree profile, evaluate on a sample of the
 cube (SMALL_BOOLEAN), which halves each command's compile and run time. Commands whose subject is not
 where runs go add ONE_DEVICE: with the suite's 8 host devices, "auto" spreads a method's runs over
-them, and JAX keys a CPU program by its device (in memory and in its compilation cache), so the one-run program is compiled once per
-device (8 compiles of about 2.7 s for the arithmetic end-to-end run, half of its time); where runs go
-is the subject of test_run_parallel, test_optim_train and test_multiprocess; test_stack_methods
-keeps its stacked methods spread over the devices. `free_port()`: a port on
-127.0.0.1 that nothing listens on, for a coordinator or an emulator the tests start."""
+them, and JAX keys a CPU program by its device (in memory and in its compilation cache), so the
+one-run program is compiled once per device (8 compiles of about 2.7 s for the arithmetic end-to-end
+run, half of its time). Where runs go is the subject of test_run_parallel, test_optim_train and
+test_multiprocess; test_stack_methods keeps its stacked methods spread over the devices.
+`free_port()`: a port on 127.0.0.1 that nothing listens on, for a coordinator or an emulator the
+tests start."""
 import socket
 
 SMALL_MODEL = ["--config.model.depth=1", "--config.model.dim=16", "--config.model.num_heads=2",
