@@ -19,6 +19,13 @@ SMALL_BOOLEAN = [*SMALL_MODEL, "--config.eval.full_cube_max_n=10", "--config.eva
 
 ONE_DEVICE = ["--config.train.parallel=off"]
 
+# The default suite's finished Boolean folder (tests/conftest.py's `shared_run`, built once per pytest
+# run): f2 on the whole cube (its degree profiles), 100 steps in calls of 50, on one device.
+SHORT_BOOLEAN = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
+                 "--config.eval.num_points=512", "--config.eval.probe_size=32", "--config.qk.fit_steps=20",
+                 *SMALL_MODEL, *ONE_DEVICE]
+F2_FOUR_METHODS = ["boolean", "--task", "f2", "--methods", "vanilla,mimetic,qk,mask", "--seeds", "2", *SHORT_BOOLEAN]
+
 
 def free_port() -> int:
   with socket.socket() as s:

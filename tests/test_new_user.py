@@ -1,8 +1,10 @@
 """What a new user meets: bad input never touches a workdir, OS errors are one line, seeds pool."""
 import json
+import re
+import shutil
 
 import pytest
-from cli_args import ONE_DEVICE, SMALL_BOOLEAN
+from cli_args import F2_FOUR_METHODS, ONE_DEVICE, SHORT_BOOLEAN, SMALL_BOOLEAN
 
 from maskprior_jax.bench import cli
 
@@ -48,29 +50,30 @@ def test_os_errors_a_user_can_cause_are_one_line_exit_2(tmp_path, capsys, case):
   assert blocker.read_text() == "not a folder"
 
 
-def test_more_seeds_in_the_same_workdir_keep_the_finished_ones(tmp_path, capsys):
-  work = tmp_path / "f2"
-  args = ["boolean", "--task", "f2", "--methods", "mask", "--workdir", str(work), *SHORT]
-  assert cli.main([*args, "--seeds", "0-1"]) == 0
-  first = {r["seed"]: r["state_sha256"] for r in json.loads((work / "results.json").read_text())["runs"]}
+def test_more_seeds_in_the_same_workdir_keep_the_finished_ones(shared_run, tmp_path, capsys):
+  work = shutil.copytree(shared_run("f2_four_methods", F2_FOUR_METHODS), tmp_path / "f2")
+  args = ["boolean", "--task", "f2", "--methods", "mask", "--workdir", str(work), *SHORT_BOOLEAN]
+  first = {r["seed"]: r["state_sha256"] for r in json.loads((work / "results.json").read_text())["runs"]
+           if r["method"] == "mask"}
+  assert sorted(first) == [0, 1]
   assert cli.main([*args, "--seeds", "2-3"]) == 0
   res = json.loads((work / "results.json").read_text())
-  assert sorted(r["seed"] for r in res["runs"]) == [0, 1, 2, 3]
-  assert {r["seed"]: r["state_sha256"] for r in res["runs"] if r["seed"] < 2} == first
+  mask = {r["seed"]: r["state_sha256"] for r in res["runs"] if r["method"] == "mask"}
+  assert sorted(mask) == [0, 1, 2, 3] and {s: mask[s] for s in (0, 1)} == first
   assert len(res["curves"]["mask"]["unseen_mse_true"][-1]) == 4 and res["curves"]["mask"]["runs"] == [0, 1, 2, 3]
   assert cli.main([*args, "--seeds", "0-3"]) == 0           # nothing left to run
   assert "already in" in capsys.readouterr().out
 
 
-def test_report_refuses_to_pool_a_seed_twice(tmp_path, capsys):
-  a, b = tmp_path / "a", tmp_path / "b"
-  for work, seeds in ((a, "0-1"), (b, "1-2")):
-    assert cli.main(["boolean", "--task", "f2", "--methods", "vanilla", "--seeds", seeds, "--workdir", str(work),
-                     *SHORT]) == 0
+def test_report_refuses_to_pool_a_seed_twice(shared_run, tmp_path, capsys):
+  a = shared_run("f2_four_methods", F2_FOUR_METHODS)
+  b = tmp_path / "b"
+  b.mkdir()
+  shutil.copy(a / "results.json", b / "results.json")     # the same runs in a second folder
   capsys.readouterr()
   assert cli.main(["report", str(a), str(b)]) == 2
   line = _one_line_error(capsys)
-  assert "vanilla seed 1" in line and str(a) in line and str(b) in line
+  assert re.search(r"method \w+ seed [01]", line) and str(a) in line and str(b) in line
 
 
 def test_custom_task_says_which_n_and_refuses_a_tiny_seen_domain(tmp_path, capsys):
