@@ -36,14 +36,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 @pytest.fixture(scope="session")
-def shared_run(tmp_path_factory, worker_id):
+def shared_run(tmp_path_factory, request):
   """``shared_run(name, args)``: the run folder of ``maskprior ARGS``, built once per
   pytest run and shared by every test and every pytest-xdist worker that asks for the same name and
   arguments (the first to ask builds it under a file lock; the others wait and read it). Tests read
   it and must not write into it: a test that changes a folder copies it first."""
   from maskprior_jax.bench import cli
   root = tmp_path_factory.getbasetemp()
-  if worker_id != "master":   # every worker's base folder lies in the run's one base folder
+  if hasattr(request.config, "workerinput"):   # a pytest-xdist worker: its base folder lies in the run's one
     root = root.parent
   root = root / "shared_runs"
   root.mkdir(exist_ok=True)

@@ -278,6 +278,7 @@ def _script(name):
   return module
 
 
+@pytest.mark.slow   # CI's slow step
 def test_methods_run_in_separate_folders_and_merged_equal_one_process(tmp_path):
   """experiments/arithmetic_curve.py --jobs: each method in its own process and folder, merged;
   every run's final state is bit for bit the one-process run's, and merging refuses mixed configs

@@ -227,6 +227,7 @@ def test_the_task_generator_is_deterministic_and_gave_the_committed_tasks():
   assert P.generate_task(1) != P.generate_task(2)
 
 
+@pytest.mark.slow   # CI's slow step
 def test_reader_designs_depend_only_on_the_supports_and_unseen_counts_read_zero_in_d1_d2():
   """Each design's model and initial bias are the same for two targets with the same supports and
   different coefficients; readers attend to their support and themselves only; after training on

@@ -129,10 +129,11 @@ def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path
 
 @pytest.mark.skipif(not (_have("libtpu") and _have("jax_cuda12_plugin") and _have("nvidia.cudnn")),
                     reason="the compile extra is not installed")
-@pytest.mark.parametrize("topology,dtype", [("v5e-1", "float32"), ("h100", "bfloat16")])
+@pytest.mark.parametrize("topology,dtype", [("h100", "bfloat16")])
 def test_the_paper_size_boolean_program_compiles_and_fits_one_chip(tmp_path, topology, dtype):
-  """GOTU's model (boolean_paper: dim 256, depth 12, batch 256), mask runs stacked, for one TPU v5e
-  chip and one H100: both programs compile and fit, at about 160 GFLOP per run and step."""
+  """GOTU's model (boolean_paper: dim 256, depth 12, batch 256), mask runs stacked, for one H100 in
+  bfloat16 (cuDNN attention): both programs compile and fit, at about 160 GFLOP per run and step.
+  Compiled once, for the GPU: the TPU compiler is checked on the default model's programs above."""
   out = _compile_cli("boolean", "--config", "boolean_paper", "--task", "f2", "--methods", "mask", "--seeds", "2",
                      "--topology", topology, f"--config.model.dtype={dtype}", "--json", str(tmp_path / "p.jsonl"))
   assert out.returncode == 0, out.stderr[-2000:]

@@ -5,6 +5,7 @@ uninterrupted run ends (the resumed run draws the batches it would have drawn), 
 a real batch of the benchmark's training data."""
 import dataclasses
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -12,12 +13,16 @@ import pytest
 from maskprior_jax.bench import config as C
 from maskprior_jax.bench import runner
 
+# Three benchmarks' whole training loops, each run three times: CI's slow step (the default suite keeps
+# tests/test_optim_train.py's device-batch resume).
+pytestmark = pytest.mark.slow
 SPC = 5
 
 
 def _bench(name):
   cfg = C.builtin_config(name)
-  cfg.model.depth = 1   # the default model with one block: the batches, not the model, are under test
+  # a small model of one block: the batches, not the model, are under test
+  cfg.model.update(depth=1, dim=16, num_heads=2, head_dim=8, mlp_dim=32)
   if name == "vision":
     cfg.eval.max_test = 256
   if name == "language":
@@ -52,5 +57,4 @@ def test_device_batch_run_resumes_bit_for_bit(name, tmp_path):
   _train(bench, 2 * SPC, tmp_path / "cut")                  # ends (and saves) at step 2 * SPC
   resumed, history = _train(bench, 4 * SPC, tmp_path / "cut")   # finds that checkpoint, goes on
   assert history[-1]["step"] == 4 * SPC
-  for a, b in zip(jax.tree.leaves(whole.variables), jax.tree.leaves(resumed.variables)):
-    assert np.array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(jax.device_get(whole.variables), jax.device_get(resumed.variables))

@@ -1,3 +1,4 @@
+import chex
 import jax
 import pytest
 import jax.numpy as jnp
@@ -57,8 +58,7 @@ def test_frozen_mask_is_bit_identical_and_has_no_state():
   for i in range(20):
     state, _ = step(state, _batch(i))
   after = jax.device_get(state.variables)
-  for a, b in zip(jax.tree.leaves(before[mp.MASK_PRIOR]), jax.tree.leaves(after[mp.MASK_PRIOR])):
-    assert a.tobytes() == b.tobytes()
+  chex.assert_trees_all_equal(before[mp.MASK_PRIOR], after[mp.MASK_PRIOR])   # bit for bit, leaf by leaf
   moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(before["params"]),
                                               jax.tree.leaves(after["params"]))]
   assert min(moved) > 0
@@ -119,8 +119,7 @@ def test_data_parallel_step_equals_single_device():
     state, m8 = step(state, b)
   assert len(state.variables["params"]["embed"]["embedding"].sharding.device_set) == 8
   np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(single.variables, state.variables, rtol=1e-4, atol=1e-6)
 
 
 @x64()
@@ -140,14 +139,12 @@ def test_ordered_reduction_step_equals_single_device_and_reduces_by_gather():
   for b in batches:
     state, m8 = step(state, jax.device_put(b, train.batch_sharding(mesh)))
   np.testing.assert_allclose(m8["loss"], m1["loss"], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(single.variables, state.variables, rtol=1e-4, atol=1e-6)
   seeded = train.make_train_step(_loss_fn(model), tx, mesh=mesh, seed_axis=True, grad_reduction="ordered")
   stacked = jax.device_put(train.stack_trees([_state(model, tx, f64=True)] * 2), train.replicated(mesh))
   for b in batches:
     stacked, _ = seeded(stacked, jax.device_put(train.stack_trees([b, b]), train.batch_sharding(mesh, 1)))
-  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(stacked.variables)):
-    np.testing.assert_allclose(a, np.asarray(b)[1], rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(single.variables, jax.tree.map(lambda b: b[1], stacked.variables), rtol=1e-4, atol=1e-6)
   with np.testing.assert_raises_regex(ValueError, "not with a sharded"):
     train.make_train_step(_loss_fn(model), tx, mesh=mesh, grad_reduction="ordered",
                           state_sharding=train.fsdp_sharding(state, mesh))
@@ -167,8 +164,7 @@ def test_pmap_step_equals_single_device():
   for b in batches:
     state, mp_metrics = step(state, jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), b))
   np.testing.assert_allclose(mp_metrics["loss"][0], m1["loss"], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(single.variables), jax.tree.leaves(state.variables)):
-    np.testing.assert_allclose(a, b[0], rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(single.variables, jax.tree.map(lambda b: b[0], state.variables), rtol=1e-4, atol=1e-6)
 
 
 @x64()
@@ -192,8 +188,7 @@ def test_seed_vmap_and_scan_equal_sequential_runs():
     stacked, metrics = step(stacked, jax.tree.map(lambda *xs: np.stack(xs), *chunk))
   assert metrics["loss"].shape == (2, 3)
   for i, seq in enumerate(sequential):
-    for a, b in zip(jax.tree.leaves(seq.variables), jax.tree.leaves(stacked.variables)):
-      np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-6)
+    chex.assert_trees_all_close(seq.variables, jax.tree.map(lambda b: b[i], stacked.variables), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("run_block", ["all", "1"])
@@ -221,8 +216,7 @@ def test_training_loop_equals_the_compiled_step_called_by_hand_and_eval_step_sha
                                   run_block=run_block),
       eval_fn=lambda s, v: {"loss0": jax.vmap(lambda w: _loss_fn(model)(w, _batch(0, 32), None)[0])(v)}, label="loop")
   assert [h["step"] for h in history] == [0, 2, 4, 6] and all(np.all(np.isfinite(h["loss0"])) for h in history)
-  for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(jax.device_get(expected.variables), jax.device_get(state.variables))
   mesh = train.data_mesh()
   one = jax.tree.map(lambda a: a[0], state.variables)
   eval_step = train.make_eval_step(lambda v, b: _loss_fn(model)(v, b, None)[0], mesh=mesh)
@@ -382,8 +376,7 @@ def test_device_batches_resume_bit_for_bit(tmp_path):
   run(4, tmp_path / "ck")
   resumed, history = run(8, tmp_path / "ck")
   assert [h["step"] for h in history] == [0, 2, 4, 6, 8]
-  for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_equal(straight, resumed)
 
 
 def test_loop_asks_a_part_taking_batch_fn_for_this_process_rows_only_with_a_mesh():

@@ -9,6 +9,9 @@ import time
 import pytest
 from cli_args import SMALL_BOOLEAN
 
+# Whole CLI runs, killed and resumed: CI's slow step, the three on one worker (one uninterrupted run).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
+
 ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.steps=300",
         "--config.train.steps_per_call=50", "--config.eval.every_steps=50", "--config.checkpoint.every_steps=50",
         "--config.checkpoint.max_to_keep=3", *SMALL_BOOLEAN]
@@ -66,7 +69,6 @@ def test_kill9_then_resume_is_bit_identical(uninterrupted, tmp_path):
   assert res["curves"] == full["curves"]
 
 
-@pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
   rc, err = _start_and_stop_after(tmp_path, 50, signal.SIGTERM)
   assert rc == 143, err
@@ -78,7 +80,6 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
   assert _digests(tmp_path)[0] == uninterrupted[0]
 
 
-@pytest.mark.slow   # a whole CLI run each; run by CI's slow step
 def test_truncated_latest_checkpoint_falls_back_to_previous(uninterrupted, tmp_path):
   rc, _ = _start_and_stop_after(tmp_path, 150, signal.SIGKILL)
   steps = _steps(tmp_path)

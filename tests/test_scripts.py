@@ -3,9 +3,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow   # CI's slow step
 def test_accelerator_check_runs_on_cpu_in_smoke_mode():
   out = subprocess.run([sys.executable, str(ROOT / "experiments" / "accelerator_check.py"), "--quick",
                         "--configs", "boolean_small"], capture_output=True, text=True, timeout=600,

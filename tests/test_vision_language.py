@@ -91,6 +91,7 @@ def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
   assert (work / "table.md").exists() and (work / "persistence.png").exists()
 
 
+@pytest.mark.slow   # CI's slow step
 def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
   work = tmp_path / "l"
   rc = cli.main(["language", "--dataset", "maskprior_tiny_text", "--data-dir", str(data_dir), "--methods", "mask",
@@ -119,6 +120,7 @@ def test_embedded_defaults():
   assert 4.0 < D.unigram_bits(t.train, t.test) < 5.5
 
 
+@pytest.mark.slow   # CI's slow step
 def test_digits_and_pydoc_short_runs(tmp_path):
   for kind in ("vision", "language"):
     work = tmp_path / kind
