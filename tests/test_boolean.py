@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -398,7 +400,8 @@ def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp
   assert "bf16[" in jaxpr and model.apply(v, bench.sample_input).dtype == jnp.float32
   out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", "boolean", "--task", "f2", "--methods",
                         "vanilla,mask", "--seeds", "1", "--workdir", str(tmp_path / "run"),
-                        "--config.model.dtype=bfloat16"], capture_output=True, text=True, timeout=900)
+                        "--config.model.dtype=bfloat16", "--config.eval.every_steps=2000"],   # evaluated at the end
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": ""})
   assert out.returncode == 0, out.stderr[-2000:]
   res = json.loads((tmp_path / "run" / "results.json").read_text())
   assert res["attention"]["dtype"] == "bfloat16"

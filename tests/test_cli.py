@@ -191,6 +191,7 @@ def test_seed_ranges_and_lists_reach_results_json(tmp_path):
   assert "Seeds 3, 5;" in (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.slow   # CI's slow step
 def test_attribution_controls_run_and_report(tmp_path, capsys):
   """The controls are methods of `maskprior boolean`; `maskprior report` adds the attribution table."""
   work = tmp_path / "f2"

@@ -4,7 +4,7 @@ import re
 import shutil
 
 import pytest
-from cli_args import F2_FOUR_METHODS, ONE_DEVICE, SHORT_BOOLEAN, SMALL_BOOLEAN
+from cli_args import F2_FOUR_METHODS, ONE_DEVICE, SHORT_BOOLEAN, SMALL_BOOLEAN, SMALL_MODEL
 
 from maskprior_jax.bench import cli
 
@@ -28,7 +28,7 @@ def test_unknown_dataset_leaves_the_workdir_untouched_and_the_corrected_command_
   assert not work.exists()
   assert cli.main(["vision", "--dataset", "digits", "--methods", "vanilla", "--seeds", "1", "--workdir", str(work),
                    "--config.train.steps=50", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-                   "--config.checkpoint.every_steps=50", *ONE_DEVICE]) == 0
+                   "--config.checkpoint.every_steps=50", *SMALL_MODEL, *ONE_DEVICE]) == 0
   assert json.loads((work / "results.json").read_text())["runs"][0]["method"] == "vanilla"
 
 

@@ -21,8 +21,8 @@ def _f64(tree):
   return jax.tree.map(lambda a: jnp.asarray(a, jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
 
 
-def _model(**kw):
-  return Transformer(vocab_size=2, dim=16, depth=2, num_heads=2, mlp_dim=32, max_len=6,
+def _model(**kw):   # one block: what these tests compare (steps, placements, loops) does not need two
+  return Transformer(vocab_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32, max_len=6,
                      mask=mp.MaskSettings(priors.interaction_groups([[1, 2], [3, 4, 5]], readers=[0])), **kw)
 
 

@@ -8,6 +8,7 @@ import struct
 
 import fsspec
 import pytest
+from cli_args import SHORT_BOOLEAN
 from etils import epath
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -16,8 +17,8 @@ from maskprior_jax.bench import cli, results as results_lib, workdir as W
 from maskprior_jax.bench.boolean import run as boolean_run, tasks as boolean_tasks
 from maskprior_jax.bench.config import apply_overrides, builtin_config
 
-SHORT = ["--config.train.steps=100", "--config.train.steps_per_call=50", "--config.eval.every_steps=50",
-         "--config.checkpoint.every_steps=50", "--config.eval.num_points=512", "--config.eval.probe_size=32"]
+# the shared run's settings (its programs are in the session's compilation cache), checkpoints every 50 steps
+SHORT = [*SHORT_BOOLEAN, "--config.checkpoint.every_steps=50"]
 
 
 class _MemoryGCS(MemoryFileSystem):

@@ -27,6 +27,7 @@ def test_accelerator_check_runs_on_cpu_in_smoke_mode():
   assert by["seed_vmap"][0]["seed_steps_speedup"] > 0 and by["done"][0]["ok"]
 
 
+@pytest.mark.slow   # CI's slow step
 def test_attention_memory_script_runs_in_smoke_mode():
   out = subprocess.run([sys.executable, str(ROOT / "experiments" / "attention_memory.py"), "--smoke"],
                        capture_output=True, text=True, timeout=600,

@@ -71,6 +71,8 @@ def data_dir(tmp_path_factory):
   return d
 
 
+@pytest.mark.slow   # CI's slow step
+@pytest.mark.xdist_group("tfds")
 def test_tfds_images_load_through_data_source(data_dir):
   ds = D.tfds_images("maskprior_tiny_images", data_dir=str(data_dir))
   assert ds.train_x.shape == (96, 8, 8, 1) and ds.test_x.shape == (30, 8, 8, 1)
@@ -79,6 +81,8 @@ def test_tfds_images_load_through_data_source(data_dir):
   np.testing.assert_array_equal(host1.train_y, ds.train_y[1::2])    # each host reads its share
 
 
+@pytest.mark.slow   # CI's slow step
+@pytest.mark.xdist_group("tfds")
 def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
   work = tmp_path / "v"
   rc = cli.main(["vision", "--dataset", "maskprior_tiny_images", "--data-dir", str(data_dir), "--methods",
@@ -92,6 +96,7 @@ def test_vision_trains_on_a_tfds_dataset(data_dir, tmp_path):
 
 
 @pytest.mark.slow   # CI's slow step
+@pytest.mark.xdist_group("tfds")
 def test_language_trains_on_a_tfds_text_dataset(data_dir, tmp_path):
   work = tmp_path / "l"
   rc = cli.main(["language", "--dataset", "maskprior_tiny_text", "--data-dir", str(data_dir), "--methods", "mask",
