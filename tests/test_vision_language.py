@@ -15,8 +15,19 @@ SHORT_DEFAULT_MODEL = ["--config.train.steps=50", "--config.train.steps_per_call
 SHORT = [*SHORT_DEFAULT_MODEL, *SMALL_MODEL, *ONE_DEVICE]
 
 
+_BUILDERS = []
+
+
 def _builders(tfds, PIL):
-  """Two tiny TFDS datasets, built here offline (the classes need tensorflow_datasets)."""
+  """Two tiny TFDS datasets, built here offline (the classes need tensorflow_datasets). Defined once
+  per process: TFDS registers a builder class by name, and a second definition is an error (the
+  notebook test builds the image dataset too, in the same slow-step worker)."""
+  if not _BUILDERS:
+    _BUILDERS.extend(_define_builders(tfds, PIL))
+  return tuple(_BUILDERS)
+
+
+def _define_builders(tfds, PIL):
   class MaskpriorTinyImages(tfds.core.GeneratorBasedBuilder):
     """Three classes of 8x8 grey images: a bright row, column or diagonal."""
     VERSION = tfds.core.Version("1.0.0")
