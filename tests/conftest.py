@@ -15,13 +15,16 @@ import tempfile
 
 import pytest
 
-# Several host devices, so multi-device code is exercised on CPU. Must be set before JAX starts.
-try:
-  import chex
-  if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    chex.set_n_cpu_devices(8)
-except ImportError:   # the floors job installs only the library, pytest and pytest-xdist
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# How XLA compiles for the tests (cli_args.TEST_XLA: less optimised machine code, quicker to
+# compile), then several host devices, so multi-device code is exercised on CPU. Must be set before
+# JAX starts; the commands the tests start inherit it or take cli_args.xla_flags().
+from cli_args import TEST_XLA  # noqa: E402
+
+_flags = os.environ.get("XLA_FLAGS", "")
+_flags = [f for f in TEST_XLA.split() if f.split("=")[0] not in _flags] + _flags.split()
+if not any(f.startswith("--xla_force_host_platform_device_count=") for f in _flags):
+  _flags.insert(0, "--xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = " ".join(_flags)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One XLA compilation cache for the whole session: this process, pytest-xdist's workers (started
 # after this file is read, so they inherit it) and the command-line runs tests start. The

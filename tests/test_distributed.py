@@ -6,14 +6,14 @@ import sys
 
 import numpy as np
 import pytest
-from cli_args import free_port
+from cli_args import free_port, xla_flags
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 
 
 def _env(devices):
   return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "1",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+          "XLA_FLAGS": xla_flags(devices)}
 
 
 @pytest.mark.slow   # two processes; the whole-run form is tests/test_multiprocess.py

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from cli_args import SMALL_BOOLEAN, SMALL_MODEL
+from cli_args import SMALL_BOOLEAN, SMALL_MODEL, xla_flags
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import workdir as W
@@ -24,7 +24,7 @@ FILES = ("results.json", "metrics.jsonl", "run_config.json", "config.json")
 
 
 def _run(workdir, fault=None, wait=True, args=ARGS):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags()}
   env.pop("MASKPRIOR_FAULT", None)
   if fault:
     env["MASKPRIOR_FAULT"] = fault

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from cli_args import SMALL_BOOLEAN, free_port
+from cli_args import SMALL_BOOLEAN, free_port, xla_flags
 
 from maskprior_jax.bench import workdir as W
 
@@ -92,7 +92,7 @@ def gcs(tmp_path_factory):
     req = urllib.request.Request(f"{url}/storage/v1/b", data=json.dumps({"name": "runs"}).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     urllib.request.urlopen(req, timeout=10).read()
-    yield {**os.environ, **env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    yield {**os.environ, **env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags()}
   finally:
     for k, v in saved.items():
       os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -126,7 +126,7 @@ def _own_lines(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def local_reference(tmp_path_factory):
   work = tmp_path_factory.mktemp("local") / "run"
-  out = _run({**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}, work)
+  out = _run({**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags()}, work)
   assert out.returncode == 0, out.stderr
   return _digests(json.loads((work / "results.json").read_text()))
 

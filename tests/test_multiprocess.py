@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from cli_args import SMALL_BOOLEAN, free_port
+from cli_args import DEFAULT_XLA, SMALL_BOOLEAN, TEST_XLA, free_port, xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,11 @@ ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--confi
 RTOL = 10 * STEPS * 2.0 ** -23
 
 
-def _env(devices):
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+# The equivalences of one and two processes (and the SLURM and kill-and-resume runs that share their
+# one-process run) compile under XLA's defaults, the fault-point runs under the tests' settings
+# (cli_args.TEST_XLA): a run compared bit for bit with another is compiled like it.
+def _env(devices, flags=DEFAULT_XLA):
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices, flags)}
 
 
 def _cmd(workdir, extra=(), reduction="xla"):
@@ -42,10 +45,10 @@ def _cmd(workdir, extra=(), reduction="xla"):
           "--workdir", str(workdir), *extra]
 
 
-def _two(workdir, port, reduction="xla"):
+def _two(workdir, port, reduction="xla", flags=DEFAULT_XLA):
   return [subprocess.Popen(_cmd(workdir, ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
                                           "--process_id", str(i)], reduction),
-                           env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+                           env=_env(2, flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 
 
 def _finish(procs):
@@ -67,12 +70,12 @@ def _numbers(res):
 _RUNS = {}
 
 
-def _one_process(tmp_path_factory, reduction):
-  if ("one", reduction) not in _RUNS:
+def _one_process(tmp_path_factory, reduction, flags=DEFAULT_XLA):
+  if ("one", reduction, flags) not in _RUNS:
     work = tmp_path_factory.mktemp(f"one_{reduction}")
-    subprocess.run(_cmd(work, reduction=reduction), env=_env(4), check=True, capture_output=True, timeout=900)
-    _RUNS["one", reduction] = _results(work)
-  return _RUNS["one", reduction]
+    subprocess.run(_cmd(work, reduction=reduction), env=_env(4, flags), check=True, capture_output=True, timeout=900)
+    _RUNS["one", reduction, flags] = _results(work)
+  return _RUNS["one", reduction, flags]
 
 
 def _two_processes(tmp_path_factory, reduction):
@@ -230,7 +233,7 @@ def _two_with_fault(workdir, port, victim, fault):
   """The two-process ordered run with `MASKPRIOR_FAULT=fault` in process `victim` only."""
   procs = []
   for i in range(2):
-    env = {k: v for k, v in _env(2).items() if k != "MASKPRIOR_FAULT"}
+    env = {k: v for k, v in _env(2, TEST_XLA).items() if k != "MASKPRIOR_FAULT"}
     if i == victim:
       env["MASKPRIOR_FAULT"] = fault
     procs.append(subprocess.Popen(_cmd(workdir, ["--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
@@ -255,7 +258,7 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
   C++ stack; the checkpoint it names is on disk, and rerunning both commands ends bit for bit on the
   uninterrupted run's states."""
   from maskprior_jax.bench import supervise
-  one_process = _one_process(tmp_path_factory, "ordered")
+  one_process = _one_process(tmp_path_factory, "ordered", TEST_XLA)
   procs = _two_with_fault(tmp_path, free_port(), victim, fault)
   procs[victim].wait(timeout=600)
   lost_at = time.monotonic()
@@ -276,7 +279,7 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
     assert f"{steps[0][0]} at step {steps[0][1]}" in line and steps[0][1] >= 25
   else:
     assert fault == "compile" and "no checkpoint on disk yet" in line
-  outs = _finish(_two(tmp_path, free_port(), "ordered"))
+  outs = _finish(_two(tmp_path, free_port(), "ordered", TEST_XLA))
   assert ("resumed from the checkpoint at step" in outs[0][1]) == bool(steps)
   res = _results(tmp_path)
   assert [r["state_sha256"] for r in res["runs"]] == [r["state_sha256"] for r in one_process["runs"]]

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from cli_args import SMALL_BOOLEAN
+from cli_args import SMALL_BOOLEAN, xla_flags
 
 # Whole CLI runs, killed and resumed: CI's slow step, the three on one worker (one uninterrupted run).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
@@ -22,7 +22,7 @@ def _cmd(workdir):
 
 
 def _env():
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags()}
 
 
 def _digests(workdir):

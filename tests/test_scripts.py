@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_args import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -12,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_accelerator_check_runs_on_cpu_in_smoke_mode():
   out = subprocess.run([sys.executable, str(ROOT / "experiments" / "accelerator_check.py"), "--quick",
                         "--configs", "boolean_small"], capture_output=True, text=True, timeout=600,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "XLA_FLAGS": ""})
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "XLA_FLAGS": xla_flags()})
   assert out.returncode == 0, out.stderr[-2000:]
   rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
   by = {}
@@ -31,6 +32,6 @@ def test_accelerator_check_runs_on_cpu_in_smoke_mode():
 def test_attention_memory_script_runs_in_smoke_mode():
   out = subprocess.run([sys.executable, str(ROOT / "experiments" / "attention_memory.py"), "--smoke"],
                        capture_output=True, text=True, timeout=600,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "XLA_FLAGS": ""})
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "XLA_FLAGS": xla_flags()})
   assert out.returncode == 0, out.stderr[-2000:]
   assert "equality at T=128" in out.stdout and "of XLA's)" in out.stdout and "T=256: XLA" in out.stdout

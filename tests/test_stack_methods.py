@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from cli_args import ONE_DEVICE, SMALL_BOOLEAN
+from cli_args import ONE_DEVICE, SMALL_BOOLEAN, xla_flags
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import config as C
@@ -43,7 +43,7 @@ def test_a_stacked_program_interrupted_and_resumed_ends_on_the_states_each_metho
   differed from the runs alone could not resume onto them)."""
   assert cli.main([*ARGS, "--workdir", str(tmp_path / "alone"), "--config.train.stack_methods=off", *ONE_DEVICE]) == 0
   # the stacked program on a runs mesh of 2 host devices (each device compiles its own program)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(2)}
   cmd = [sys.executable, "-m", "maskprior_jax.bench.cli", *ARGS, "--workdir", str(tmp_path / "stacked")]
   cut = subprocess.run(cmd, env={**env, "MASKPRIOR_FAULT": "eval:2"}, capture_output=True, text=True, timeout=600)
   assert cut.returncode != 0 and not (tmp_path / "stacked" / "results.json").exists()
