@@ -110,6 +110,8 @@ def test_maskprior_compile_for_a_gpu_builds_the_boolean_defaults_programs(tmp_pa
   assert [r["runs"] for r in rows] == [4, 4, 2, 2] and all(r["fits"] and r["devices"] == 1 for r in rows)
   assert all(r["flops"] > 0 and 0 < r["memory_per_device"] < r["device_memory"] for r in rows)
   assert "4 programs compiled for h200; every one fits" in out.stdout
+  total = next(line for line in out.stdout.splitlines() if line.startswith("totals: 4 programs, "))
+  assert "min of compiling on this CPU" in total and "at 45% to 10% of its peak" in total, total
 
 
 @needs_tpu

@@ -11,7 +11,7 @@ import json
 import sys
 
 from maskprior_jax.bench.args import SEEDS_HELP, exploration_seeds, parse_list, parse_seeds
-from maskprior_jax.bench import config as config_lib, console, supervise, workdir as workdir_lib
+from maskprior_jax.bench import compiles, config as config_lib, console, supervise, workdir as workdir_lib
 from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides
 from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
 from maskprior_jax.bench.workdir import WorkdirBusy, reason
@@ -26,6 +26,7 @@ def cmd_benchmark(args) -> int:
   """Any benchmark: config, methods and seeds, the benchmark's own checks, the run folder, the run."""
   command = _command(args.command)
   cfg = apply_overrides(config_lib.resolve(args.config, args.command), args.overrides)
+  compiles.enable_cache(args.compilation_cache)
   import jax
   if jax.process_count() > 1 and cfg.train.parallel == "off" and not cfg.train.data_parallel:
     raise UsageError(f"train.parallel=off trains on one device, but this is one of {jax.process_count()} processes: "
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _benchmark_flags(p, name, command)
     p.add_argument("--workdir", default=f"runs/{name}", help="run folder; a rerun continues there (default: %(default)s)")
     p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
+    compiles.add_flag(p)
     g = p.add_argument_group("several processes (JAX's distributed runtime)")
     g.add_argument("--distributed", default="auto", choices=["auto", "on", "off"],
                    help="auto: start the runtime where JAX recognises a cluster (Cloud TPU VM slice, SLURM, Open "

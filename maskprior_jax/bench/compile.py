@@ -431,7 +431,27 @@ def cmd_compile(args, command, cfg) -> int:
   over = [r for r in rows if not r.fits]
   print(f"{len(rows)} programs compiled for {tgt.name}; "
         + (f"{len(over)} do not fit the device's memory" if over else "every one fits the device's memory"))
+  print(totals(rows, tgt, cfg.train.steps))
   return 1 if over else 0
+
+
+def totals(rows: Sequence[Program], tgt: Target, steps: int) -> str:
+  """The command's totals in one line: programs, compile time, the largest memory per device, the
+  FLOPs of the whole command (its training calls for `steps` steps and its evaluations, counted as
+  `projection` counts them), and its projected compute time at 45% to 10% of the target's peak
+  beside the compile time."""
+  compile_s = sum(r.compile_seconds for r in rows)
+  recs = [record(r, tgt, "", []) for r in rows]
+  flop = sum((r["calls_per_step"] * steps + (r["program"] == "eval")) * r["flops_per_call"] for r in recs)   # as projection()
+  line = (f"totals: {len(rows)} programs, {compile_s / 60:.1f} min of compiling on this CPU; "
+          f"at most {max((r.memory_per_device for r in rows), default=0) / GiB:,.2f} GiB per device; "
+          f"{flop / 1e15:,.3f} PFLOP for {steps} steps with its evaluations")
+  dtypes = {r.dtype for r in rows}
+  peak = tgt.peak.get(dtypes.pop()) if len(dtypes) == 1 else None
+  if peak:
+    fast, slow = (projection(recs, steps, mfu, peak) / 60 for mfu in (0.45, 0.10))
+    line += f"; compute about {fast:,.1f} to {slow:,.1f} min at 45% to 10% of its peak, beside {compile_s / 60:.1f} min of compiling"
+  return line
 
 
 def projection(rows: Sequence[dict], steps: int, mfu: float, peak: float) -> float:
@@ -447,4 +467,4 @@ def projection(rows: Sequence[dict], steps: int, mfu: float, peak: float) -> flo
 
 __all__ = ["TARGETS", "Target", "CompileError", "Program", "count_flops", "target", "target_devices", "for_target",
            "group_programs", "benchmark_programs", "command_programs", "add_parser", "cmd_compile", "record",
-           "projection"]
+           "projection", "totals"]

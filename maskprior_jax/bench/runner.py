@@ -24,6 +24,7 @@ import numpy as np
 
 from maskprior_jax import baselines, distributed, measure, sharding, train
 from maskprior_jax.attention import MASK_PRIOR
+from maskprior_jax.bench import compiles
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax.checkpoint import Checkpointer, tree_sha256
@@ -442,16 +443,19 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
   for names in method_groups(bench, todo, described):
     timer = results_lib.Timer()
     group, runs = [described[m] for m in names], bench.runs(todo[names[0]])
-    trained = train_method(group, group[0].model, bench, runs, workdir)
-    _record_group(results, bench, group, runs, trained, timer, workdir, log, progress)
+    with compiles.counted() as count:   # the group's programs: initialisation, training, evaluation
+      trained = train_method(group, group[0].model, bench, runs, workdir)
+      _record_group(results, bench, group, runs, trained, timer, workdir, log, progress, count)
+    log(f"[{bench.name}] {'+'.join(names)}: {count.line()}")
   if distributed.is_main_process():   # process 0 writes the report
     bench.write_report(results, workdir)
   return results
 
 
-def _record_group(results, bench, group, runs, trained, timer, workdir, log, progress) -> None:
+def _record_group(results, bench, group, runs, trained, timer, workdir, log, progress, count=None) -> None:
   """Each method's runs of a trained group into results (per-run records with their digests, the
-  curves, where the runs went and which batches they drew), logged as each is recorded."""
+  curves, where the runs went, which batches they drew and what the group compiled: `count`, a
+  `compiles.Count`), logged as each is recorded."""
   state, history, infos, placement = trained
   names = [m.name for m in group]
   total, wall = len(runs) * len(group), timer() / len(group)   # stacked methods share the time equally
@@ -470,6 +474,8 @@ def _record_group(results, bench, group, runs, trained, timer, workdir, log, pro
           method=method.name, seed=int(r.seed), metrics=metrics,
           persistence=results_lib.per_run(method_history, i, ["attn_tv", "mask_drift"]),
           state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], variables)), info=infos[part][i]).to_json())
+    if count is not None:   # the group's compiles so far (stacked methods share one entry, named A+B)
+      env.setdefault("compiles", {})["+".join(names)] = count.record()
     results_lib.record_method(results, method.name, method_history, wall, workdir, run_labels=[r.label for r in runs])
     log(f"[{bench.name}] {method.name}: {bench.summary(results, method.name, runs)} ({timer():.0f}s"
         f"{', with ' + '+'.join(m for m in names if m != method.name) if len(group) > 1 else ''})")
