@@ -16,13 +16,14 @@ import socket
 # How the tests have XLA compile (tests/conftest.py sets it for this process and everything it
 # starts; commands get it from xla_flags()): LLVM's optimisation off and one thread per CPU
 # operation. The suite is compile-bound: on 2 cores the default suite took 4:19 (485 CPU seconds)
-# against 5:04 (578) under XLA's defaults, one run each on one machine within the hour.
-# Neither changes what a program means, but the machine code differs, so results may differ from
+# against 5:04 (578) under XLA's defaults, one run each on one machine within the hour. Neither
+# setting changes what a program means, but the machine code differs, so results may differ from
 # those under XLA's defaults in their last bits: what the tests compare (a resumed run against an
-# uninterrupted one, stacked against alone, one process against two) is compiled alike on both sides. The claims that depend on how a program is compiled are also checked
-# under XLA's defaults: the library's own tests at the floors (CI's first step) and the two-process
-# equivalences in tests/test_multiprocess.py (DEFAULT_XLA). MASKPRIOR_TEST_XLA_FLAGS overrides it
-# ("" for XLA's defaults throughout).
+# uninterrupted one, stacked against alone, one process against two) is compiled alike on both
+# sides. The claims that depend on how a program is compiled are also checked under XLA's defaults
+# (DEFAULT_XLA): the library's own tests at the floors (CI's first step), the one-process against
+# two-process equivalences in tests/test_multiprocess.py with the runs that share theirs, and the
+# bfloat16 fit. MASKPRIOR_TEST_XLA_FLAGS overrides it ("" for XLA's defaults throughout).
 TEST_XLA = os.environ.get("MASKPRIOR_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0 "
                           "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 DEFAULT_XLA = ""
@@ -31,6 +32,7 @@ DEFAULT_XLA = ""
 def xla_flags(devices: int | None = None, flags: str = TEST_XLA) -> str:
   """XLA_FLAGS for a command the tests start: `flags`, with `devices` forced host devices if given."""
   return " ".join(([f"--xla_force_host_platform_device_count={devices}"] if devices else []) + flags.split())
+
 
 SMALL_MODEL = ["--config.model.depth=1", "--config.model.dim=16", "--config.model.num_heads=2",
                "--config.model.head_dim=8", "--config.model.mlp_dim=32"]
