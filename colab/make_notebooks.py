@@ -39,8 +39,8 @@ def setup(settings: str, configuration: str, requirement: str = "maskprior-jax[b
   packages = f'"{name} @ " + repository' + "".join(f', "{o}"' for o in others)
   return code(f'''# Setup: install maskprior-jax where it is missing (on Colab; a checkout that has it installed skips
 # this), keeping the runtime's own JAX (Colab's GPU or TPU build): the installed jax and jaxlib are
-# pinned for pip. Then the parameters. MASKPRIOR_SMOKE=1 (set by CI) shrinks steps and seeds; the code
-# path is the same. MASKPRIOR_REPOSITORY installs from another copy of the repository (a fork, a clone).
+# pinned for pip. Then the parameters. MASKPRIOR_SMOKE=1 (set by CI) shrinks steps, seeds and sizes; the
+# code path is the same. MASKPRIOR_REPOSITORY installs from another copy of the repository (a fork, a clone).
 import importlib.metadata, importlib.util, os, subprocess, sys, tempfile
 if importlib.util.find_spec("maskprior_jax") is None:
     repository = os.environ.get("MASKPRIOR_REPOSITORY", "git+{URL}")
@@ -239,7 +239,9 @@ METHODS = ["vanilla", "mimetic", "qk", "mask"]
 if SMOKE:
     cfg = config.apply_overrides(config.builtin_config("boolean"), [
         "--config.train.steps=100", "--config.eval.every_steps=50", "--config.eval.num_points=512",
-        "--config.eval.probe_size=32", "--config.qk.fit_steps=20"])
+        "--config.eval.probe_size=32", "--config.qk.fit_steps=20",
+        "--config.model.depth=1", "--config.model.dim=16", "--config.model.num_heads=2",
+        "--config.model.head_dim=8", "--config.model.mlp_dim=32"])
     TASKS, SEEDS, WORKDIR, PICKED = ["f2_2parity"], [0], tempfile.mkdtemp(), "smoke (CI)"
 elif ACCELERATOR:
     # GOTU's size (boolean_paper: dim 256, depth 12, 6 heads, 8,000 steps) where its projected time at
@@ -354,7 +356,7 @@ def make_data(n, seed):
     return x, y
 
 train_x, train_y = make_data(4000, 0)
-test_x, test_y = make_data(2000, 1)
+test_x, test_y = make_data(256 if SMOKE else 2000, 1)
 print("positive share:", train_y.mean().round(3))'''),
     md("""
 ## Swap in the mask-prior attention
@@ -478,7 +480,8 @@ DATA_DIR = os.environ.get("MASKPRIOR_TFDS_DIR") or ("/content/tensorflow_dataset
 METHODS = ["vanilla", "mimetic", "qk", "mask"]
 SEEDS = [0] if SMOKE else [0, 1]
 steps = ["--config.train.steps=50", "--config.eval.every_steps=25", "--config.train.steps_per_call=25",
-         "--config.qk.fit_steps=10"] if SMOKE else []
+         "--config.qk.fit_steps=10", "--config.model.depth=1", "--config.model.dim=32",
+         "--config.model.num_heads=2", "--config.model.head_dim=16", "--config.model.mlp_dim=64"] if SMOKE else []
 WORKDIR = tempfile.mkdtemp() if SMOKE else "runs/vision_language_notebook"''',
           '"smoke (CI)" if SMOKE else "default", "| vision dataset:", DATASET, "| seeds:", SEEDS',
           requirement="maskprior-jax[data]"),
