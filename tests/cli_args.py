@@ -21,9 +21,9 @@ import socket
 # those under XLA's defaults in their last bits: what the tests compare (a resumed run against an
 # uninterrupted one, stacked against alone, one process against two) is compiled alike on both
 # sides. The claims that depend on how a program is compiled are also checked under XLA's defaults
-# (DEFAULT_XLA): the library's own tests at the floors (CI's first step), the one-process against
-# two-process equivalences in tests/test_multiprocess.py with the runs that share theirs, and the
-# bfloat16 fit. MASKPRIOR_TEST_XLA_FLAGS overrides it ("" for XLA's defaults throughout).
+# (DEFAULT_XLA): the library's own tests at the floors (CI's first step), every run in
+# tests/test_multiprocess.py (the one-process against two-process equivalences and the runs that share
+# their programs), and the bfloat16 fit. MASKPRIOR_TEST_XLA_FLAGS overrides it ("" for XLA's defaults throughout).
 TEST_XLA = os.environ.get("MASKPRIOR_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0 "
                           "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 DEFAULT_XLA = ""
