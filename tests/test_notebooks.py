@@ -17,8 +17,7 @@ def test_every_notebook_is_here():
                                          "03_bring_your_own_model.ipynb", "04_vision_language.ipynb"]
 
 
-def _execute(path, tmp_path):
-  nb = nbformat.read(path, as_version=4)
+def _execute(nb, tmp_path):
   nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                           resources={"metadata": {"path": str(tmp_path)}}).execute()
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
@@ -50,7 +49,7 @@ def test_notebook_runs_in_smoke_mode(path, tmp_path, monkeypatch):
   first = nb.cells[0]
   assert first.cell_type == "markdown" and "colab-badge.svg" in first.source
   assert "pip" in nb.cells[1].source                       # installs what it needs first
-  nb = _execute(path, tmp_path)
+  _execute(nb, tmp_path)
   if vision:
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "vision dataset: maskprior_tiny_images" in text

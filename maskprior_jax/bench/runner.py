@@ -452,7 +452,7 @@ def run(bench: Benchmark, methods: Sequence[str], seeds: Sequence[int], workdir:
   return results
 
 
-def _record_group(results, bench, group, runs, trained, timer, workdir, log, progress, count=None) -> None:
+def _record_group(results, bench, group, runs, trained, timer, workdir, log, progress, count) -> None:
   """Each method's runs of a trained group into results (per-run records with their digests, the
   curves, where the runs went, which batches they drew and what the group compiled: `count`, a
   `compiles.Count`), logged as each is recorded."""
@@ -474,8 +474,8 @@ def _record_group(results, bench, group, runs, trained, timer, workdir, log, pro
           method=method.name, seed=int(r.seed), metrics=metrics,
           persistence=results_lib.per_run(method_history, i, ["attn_tv", "mask_drift"]),
           state_sha256=tree_sha256(jax.tree.map(lambda a: a[i], variables)), info=infos[part][i]).to_json())
-    if count is not None:   # the group's compiles so far (stacked methods share one entry, named A+B)
-      env.setdefault("compiles", {})["+".join(names)] = count.record()
+    # the group's compiles so far (stacked methods share one entry, named A+B)
+    env.setdefault("compiles", {})["+".join(names)] = count.record()
     results_lib.record_method(results, method.name, method_history, wall, workdir, run_labels=[r.label for r in runs])
     log(f"[{bench.name}] {method.name}: {bench.summary(results, method.name, runs)} ({timer():.0f}s"
         f"{', with ' + '+'.join(m for m in names if m != method.name) if len(group) > 1 else ''})")
