@@ -83,6 +83,9 @@ def test_auto_placement_picks_runs_for_small_models_and_data_for_large():
   assert _settings(parallel="off").placement(8, 10).mode == "single"
   assert _settings(parallel="data").placement(8, 10).mode == "data"
   assert _settings(data_parallel=True).placement(8, 10).mode == "data"
+  # train.parallel=runs with nothing to spread (one run): one device, and the reason says why
+  one = _settings(parallel="runs").placement(1, 10)
+  assert (one.mode, one.mesh, one.reason) == ("single", None, "train.parallel=runs, but 1 run(s) on 8 device(s)")
   with pytest.raises(ValueError, match="train.parallel must be"):
     _settings(parallel="both")
   with pytest.raises(ValueError, match="not with train.parallel=runs"):
