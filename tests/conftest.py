@@ -11,6 +11,8 @@ Which marker a test belongs under (README, "Tests"; docs/contributing.md):
 import fcntl
 import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -40,10 +42,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory, request):
-  """``shared_run(name, args)``: the run folder of ``maskprior ARGS``, built once per
+  """``shared_run(name, args, env=None)``: the run folder of ``maskprior ARGS``, built once per
   pytest run and shared by every test and every pytest-xdist worker that asks for the same name and
-  arguments (the first to ask builds it under a file lock; the others wait and read it). Tests read
-  it and must not write into it: a test that changes a folder copies it first."""
+  arguments (the first to ask builds it under a file lock; the others wait and read it). In this
+  process, or with ``env`` as a command of its own under that environment (its XLA_FLAGS are part of
+  what must agree). Tests read it and must not write into it: a test that changes a folder copies it
+  first."""
   from maskprior_jax.bench import cli
   root = tmp_path_factory.getbasetemp()
   if hasattr(request.config, "workerinput"):   # a pytest-xdist worker: its base folder lies in the run's one
@@ -51,17 +55,22 @@ def shared_run(tmp_path_factory, request):
   root = root / "shared_runs"
   root.mkdir(exist_ok=True)
 
-  def get(name: str, args: list[str]):
+  def get(name: str, args: list[str], env: dict | None = None):
     work = root / name
+    asked = [*args, *([] if env is None else ["XLA_FLAGS=" + env.get("XLA_FLAGS", "")])]
     with open(root / f"{name}.lock", "w") as lock:
       fcntl.flock(lock, fcntl.LOCK_EX)
       record = root / f"{name}.args.json"
       if record.exists():
-        if json.loads(record.read_text()) != args:
+        if json.loads(record.read_text()) != asked:
           raise AssertionError(f"shared run {name!r} asked for with other arguments")
-      else:
+      elif env is None:
         assert cli.main([*args, "--workdir", str(work)]) == 0, args
-        record.write_text(json.dumps(args))
+      else:
+        out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *args, "--workdir", str(work)],
+                             env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+      record.write_text(json.dumps(asked))
     return work
   return get
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from cli_args import SMALL_BOOLEAN
 
 from maskprior_jax import priors, train
 from maskprior_jax.attention import MaskSettings, for_platform
@@ -116,12 +117,14 @@ def test_maskprior_compile_for_a_gpu_builds_the_boolean_defaults_programs(tmp_pa
 
 @needs_tpu
 def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path):
-  """The Boolean default on a v5e 2x4 slice (8 chips, 2 hosts): 8 runs go one per chip over the runs
-  mesh, with no collective; 3 runs do not split over the chips and train data-parallel, with the
-  gradient's all-reduce."""
+  """A v5e 2x4 slice (8 chips, 2 hosts): 8 runs go one per chip over the runs mesh, with no collective;
+  3 runs do not split over the chips and train data-parallel, with the gradient's all-reduce. On the
+  tests' small Boolean model: where runs go depends on the run count, the hosts and whether a run is
+  under `placement.RUNS_MAX_PARAMS` parameters, which the default model is too (the default model's
+  programs are compiled for a GPU above, and the paper-size one below)."""
   for seeds in ("8", "3"):
     out = _compile_cli("boolean", "--task", "f2", "--methods", "mask", "--seeds", seeds, "--topology", "v5e-8",
-                       "--json", str(tmp_path / "p.jsonl"))
+                       "--json", str(tmp_path / "p.jsonl"), *SMALL_BOOLEAN)
     assert out.returncode == 0, out.stderr[-2000:]
   train8, _, train3, _ = _rows(tmp_path / "p.jsonl")
   assert train8["placement"].startswith("run-parallel: 8 runs over 8 devices") and train8["collectives"] == {}
@@ -135,7 +138,7 @@ def test_maskprior_compile_for_a_tpu_slice_places_runs_as_the_run_would(tmp_path
 def test_the_paper_size_boolean_program_compiles_and_fits_one_chip(tmp_path, topology, dtype):
   """GOTU's model (boolean_paper: dim 256, depth 12, batch 256), mask runs stacked, for one H100 in
   bfloat16 (cuDNN attention): both programs compile and fit, at about 160 GFLOP per run and step.
-  Compiled once, for the GPU: the TPU compiler is checked on the default model's programs above."""
+  Compiled once, for the GPU: the TPU compiler is checked on the tests' small model's programs above."""
   out = _compile_cli("boolean", "--config", "boolean_paper", "--task", "f2", "--methods", "mask", "--seeds", "2",
                      "--topology", topology, f"--config.model.dtype={dtype}", "--json", str(tmp_path / "p.jsonl"))
   assert out.returncode == 0, out.stderr[-2000:]
