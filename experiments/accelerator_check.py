@@ -96,9 +96,20 @@ def stacked_attention_check(runs: int = 4):
     emit(**row)
 
 
+QUICK_BATCH = 8
+
+
+def config_shape(name: str, quick: bool) -> tuple:
+  """`throughput.CONFIGS[name]`, its batch (index 5) at most QUICK_BATCH under --quick."""
+  shape = list(throughput.CONFIGS[name])
+  if quick:
+    shape[5] = min(shape[5], QUICK_BATCH)
+  return tuple(shape)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--quick", action="store_true", help="few steps, batch at most 8 (a smoke test, also on a CPU)")
+  p.add_argument("--quick", action="store_true", help=f"few steps, batch at most {QUICK_BATCH} (a smoke test, also on a CPU)")
   p.add_argument("--configs", default="boolean_small,boolean_paper,vit_tiny,lm_small")
   args = p.parse_args()
   t0 = time.perf_counter()
@@ -110,16 +121,11 @@ def main():
   for dtype in (None, jnp.bfloat16):
     peak, source = peak_flops(dtype)
     for name in args.configs.split(","):
-      shape = list(throughput.CONFIGS[name])
-      if args.quick:
-        shape[5] = min(shape[5], 8)          # batch
-      row = throughput.measure(name, tuple(shape), 1, steps, 10, dtype, peak)
+      row = throughput.measure(name, config_shape(name, args.quick), 1, steps, 10, dtype, peak)
       emit(check="throughput", peak_source=source, **row)
-  small = list(throughput.CONFIGS["boolean_small"])
-  if args.quick:
-    small[5] = min(small[5], 8)              # batch
-  one = throughput.measure("boolean_small", tuple(small), 1, steps, 10, None, None)
-  eight = throughput.measure("boolean_small", tuple(small), 8, steps, 10, None, None)
+  small = config_shape("boolean_small", args.quick)
+  one = throughput.measure("boolean_small", small, 1, steps, 10, None, None)
+  eight = throughput.measure("boolean_small", small, 8, steps, 10, None, None)
   emit(check="seed_vmap", seeds_1_steps_per_s=one["steps_per_s"], seeds_8_steps_per_s=eight["steps_per_s"],
        seed_steps_speedup=8 * eight["steps_per_s"] / one["steps_per_s"])
   emit(check="done", wall_s=round(time.perf_counter() - t0, 1), ok=bool(np.isfinite(one["steps_per_s"])))

@@ -197,29 +197,29 @@ def test_slurm_variables_start_the_run_and_sigterm_to_one_process_stops_both_at_
   _printed_by_process_0_only(outs)
 
 
-RUNS_ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "4", "--config.train.parallel=runs",
+RUNS_ARGS = ["boolean", "--task", "f2", "--methods", "mask", "--seeds", "2", "--config.train.parallel=runs",
              "--config.train.steps=50", "--config.train.steps_per_call=25", "--config.eval.every_steps=25",
              "--config.checkpoint.every_steps=25", *SMALL_BOOLEAN]
 
 
 @pytest.mark.xdist_group("multiprocess_xla")
 def test_run_parallel_two_processes_give_the_one_process_digests(tmp_path):
-  """4 runs, one per device: 2 processes x 2 devices (each process holds and steps its own 2 runs)
-  end on the states of 1 process x 4 devices bit for bit; nothing is reduced across devices. (That
+  """2 runs, one per device: 2 processes x 1 device (each process holds and steps its own run) end on
+  the states of 1 process x 2 devices bit for bit; nothing is reduced across devices. (That
   run-parallel runs equal the same runs on one device is checked in one process, by
-  tests/test_run_parallel.py; 4 devices, not 8: on a CPU each device compiles its own program, and
+  tests/test_run_parallel.py; 2 devices, not 8: on a CPU each device compiles its own program, and
   what is claimed does not depend on the count.)"""
   one = tmp_path / "one"
   subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(one)],
-                 env=_env(4), check=True, capture_output=True, timeout=900)
+                 env=_env(2), check=True, capture_output=True, timeout=900)
   two = tmp_path / "two"
   port = free_port()
   procs = [subprocess.Popen([sys.executable, "-m", "maskprior_jax.bench.cli", *RUNS_ARGS, "--workdir", str(two),
                              "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-                             "--process_id", str(i)], env=_env(2), stdout=subprocess.PIPE,
+                             "--process_id", str(i)], env=_env(1), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for i in range(2)]
   outs = _finish(procs)
-  assert "run-parallel: 4 runs over 4 devices, 1 per device" in outs[0][1]
+  assert "run-parallel: 2 runs over 2 devices, 1 per device" in outs[0][1]
   a, b = _results(one), _results(two)
   assert (a["environment"]["processes"], b["environment"]["processes"]) == (1, 2)
   assert a["environment"]["placement"]["mask"]["mode"] == b["environment"]["placement"]["mask"]["mode"] == "runs"
