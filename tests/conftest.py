@@ -64,13 +64,14 @@ def shared_run(tmp_path_factory, request):
       if record.exists():
         if json.loads(record.read_text()) != asked:
           raise AssertionError(f"shared run {name!r} asked for with other arguments")
-      elif env is None:
-        assert cli.main([*args, "--workdir", str(work)]) == 0, args
       else:
-        out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *args, "--workdir", str(work)],
-                             env=env, capture_output=True, text=True, timeout=900)
-        assert out.returncode == 0, out.stderr[-3000:]
-      record.write_text(json.dumps(asked))
+        if env is None:
+          assert cli.main([*args, "--workdir", str(work)]) == 0, args
+        else:
+          out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", *args, "--workdir", str(work)],
+                               env=env, capture_output=True, text=True, timeout=900)
+          assert out.returncode == 0, out.stderr[-3000:]
+        record.write_text(json.dumps(asked))
     return work
   return get
 

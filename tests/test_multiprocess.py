@@ -36,7 +36,7 @@ RTOL = 10 * STEPS * 2.0 ** -23
 # Every run here compiles under XLA's defaults (not the tests' cli_args.TEST_XLA): the equivalences
 # of one and two processes are claims about the programs users run, and a run compared bit for bit
 # with another is compiled like it. The runs share their compiled programs through the session's
-# compilation cache, and each group of tests (xdist_group) its worker's one-process runs.
+# compilation cache, and every test and worker the one-process reference runs (conftest's shared_run).
 def _env(devices):
   return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices, DEFAULT_XLA)}
 
