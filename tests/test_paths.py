@@ -122,3 +122,63 @@ def test_a_cloud_workdir_holds_every_run_folder_file(gcs, capsys):
   aside = [p.name for p in gcs.iterdir() if p.name.startswith("metrics.jsonl.damaged-")]
   assert len(aside) == 1 and (gcs / aside[0]).read_text() == "{not json"
   assert "metrics.jsonl is unreadable" in capsys.readouterr().err
+
+
+def test_a_held_cloud_lock_keeps_its_record_fresh(gcs, monkeypatch):
+  """While a command holds a gs:// folder, its record's `refreshed` time moves on (a record older
+  than REMOTE_STALE_S is taken over); released, the record is emptied."""
+  import time
+  monkeypatch.setattr(W, "REMOTE_SETTLE_S", 0.0)
+  monkeypatch.setattr(W, "REMOTE_REFRESH_S", 0.05)
+  held = W.WorkdirLock(gcs, "first").acquire()
+  first = json.loads((gcs / W.LOCK_NAME).read_text())["refreshed"]
+  deadline = time.time() + 10
+  while json.loads((gcs / W.LOCK_NAME).read_text())["refreshed"] == first and time.time() < deadline:
+    time.sleep(0.05)
+  assert json.loads((gcs / W.LOCK_NAME).read_text())["refreshed"] > first
+  held.release()
+  assert (gcs / W.LOCK_NAME).read_text() == ""
+
+
+def test_two_commands_taking_a_cloud_folder_at_once_leave_one_holder(gcs, monkeypatch):
+  """A second record written while the first command waits to read its own back: the first
+  command stops, naming the one whose record it read."""
+  def other_writes(_):
+    (gcs / W.LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": 7, "command": "maskprior arithmetic",
+                                               "refreshed": 0.0, "token": "theirs"}))
+  monkeypatch.setattr(W.time, "sleep", other_writes)
+  with pytest.raises(W.WorkdirBusy, match="maskprior arithmetic.*at the same moment"):
+    W.WorkdirLock(gcs, "maskprior boolean").acquire()
+  assert json.loads((gcs / W.LOCK_NAME).read_text())["token"] == "theirs"
+
+
+def test_fresh_empties_the_folder_but_keeps_its_own_lock(tmp_path):
+  """--fresh over a folder of another config: every earlier file and folder is removed, then the
+  new run's record written; the lock file this command holds stays."""
+  work = tmp_path / "run"
+  (work / "checkpoints" / "mask").mkdir(parents=True)
+  (work / "results.json").write_text("{}")
+  (work / "run_config.json").write_text(json.dumps({"command": ["old"]}))
+  record = {"command": ["boolean"], "config": {"a": 1}}
+  with pytest.raises(Exception, match="different config"):
+    with results_lib.open_workdir(str(work), record, fresh=False, command="maskprior boolean"):
+      pass
+  assert (work / "results.json").exists()   # refused: nothing touched
+  with results_lib.open_workdir(str(work), record, fresh=True, command="maskprior boolean") as w:
+    assert sorted(p.name for p in pathlib.Path(w).iterdir()) == sorted([W.LOCK_NAME, "run_config.json"])
+  assert json.loads((work / "run_config.json").read_text()) == record
+
+
+def test_a_lost_metrics_file_is_rebuilt_from_results_curves(tmp_path):
+  """metrics.jsonl (one row per method and evaluation) missing from a folder whose results.json
+  holds the config's curves: opening the folder writes it again from those curves."""
+  src = pathlib.Path(__file__).parents[1] / "experiments" / "results" / "vision" / "results.json"
+  results = json.loads(src.read_text())
+  results_lib.write_json(tmp_path / "results.json", results)
+  cfg = builtin_config("vision")
+  opened = results_lib.open_results(tmp_path, cfg, results["config_digest"], "vision", {})
+  assert opened["runs"] == results["runs"]
+  rows = W.read_jsonl(tmp_path / "metrics.jsonl", move=False)
+  assert len(rows) == sum(len(c["step"]) for c in results["curves"].values())
+  method, curve = next(iter(results["curves"].items()))
+  assert [r["step"] for r in rows if r["method"] == method] == curve["step"]
