@@ -56,7 +56,8 @@ def mimetic(params: dict, rng: np.random.Generator, *, alpha: float = 0.7, beta:
     flat[path + ("out", "kernel")] = o.reshape(wo.shape).astype(wo.dtype)
     for name in ("query", "key"):
       flat[path + (name, "kernel")] = flat[path + (name, "kernel")].astype(wq.dtype)
-  return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in flat.items()})
+  # device_put, not jnp.asarray: a NumPy array through jnp.asarray is a small compiled program per shape
+  return flax.traverse_util.unflatten_dict({k: jax.device_put(v) for k, v in flat.items()})
 
 
 def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, *,
@@ -110,7 +111,7 @@ def fit_qk(apply_fn: Callable, variables: dict, inputs: Any, target: jax.Array, 
     batch_step, rng, pool = jax.jit(update), np.random.default_rng(seed), np.asarray(inputs)
     for _ in range(steps):
       trainable, opt = batch_step(trainable, opt, pool[rng.choice(n, batch_size, replace=False)])
-  out = merged(trainable)
-  maps = attention_maps(apply_fn, out, inputs)
-  tv = float(np.mean([0.5 * jnp.abs(a - target).sum(-1).mean() for a in maps]))
-  return out, tv
+  def final_tv(tr):   # one program, not each operation of the model on its own
+    return jnp.stack([0.5 * jnp.abs(a - target).sum(-1).mean() for a in attention_maps(apply_fn, merged(tr), inputs)])
+  tv = float(np.mean(np.asarray(jax.jit(final_tv)(trainable))))
+  return merged(trainable), tv

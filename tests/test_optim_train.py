@@ -396,3 +396,26 @@ def test_loop_asks_a_part_taking_batch_fn_for_this_process_rows_only_with_a_mesh
                       settings=train.LoopSettings(steps=2, batch_size=32, eval_every=2),
                       eval_fn=lambda step, v: {"n": jnp.zeros(1)}, label="p", mesh=mesh)
     assert calls == ([None, None] if mesh is None else [(0, 1), (0, 1)])
+
+
+def test_a_loop_starts_every_runs_state_in_one_program():
+  """train_seeds builds its runs' initial states (optimizer zeros, keys, the stacking) in one
+  compiled program, not a small program per leaf shape, and each equals `create_state`'s."""
+  from maskprior_jax.bench import compiles
+  from maskprior_jax.train import loop as loop_lib
+  model = Transformer(vocab_size=2, dim=24, depth=1, num_heads=2, mlp_dim=32, max_len=6)   # a width no other test compiles
+  tx = mp.mask_prior_optimizer(1e-2)
+  variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in (0, 1, 2)]
+  def batch_fn(step, keys, part=(0, 1)):
+    return {k: np.stack([v] * len(keys)) for k, v in _batch(step).items()}
+  with compiles.counted() as c:
+    state, _ = train.train_seeds(
+        loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0, 1, 2], batches=batch_fn,
+        settings=train.LoopSettings(steps=1, batch_size=16, steps_per_call=1, eval_every=1, parallel="off"),
+        eval_fn=lambda s, v: {"n": np.zeros(3)}, label="start")
+  assert c.names.get("jit(_initial_states)") == 1, c.names
+  small = {n for n in c.names if n in ("jit(stack)", "jit(broadcast_in_dim)", "jit(stage)", "jit(full)")}
+  assert not small, c.names
+  expected = train.stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, (0, 1, 2))])
+  chex.assert_trees_all_equal(jax.device_get(loop_lib._initial_states(
+      tuple(variables), tx, tuple(jax.random.key_data(jax.random.key(s)) for s in (0, 1, 2)))), jax.device_get(expected))

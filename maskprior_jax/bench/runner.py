@@ -411,7 +411,8 @@ def train_method(methods: str | Method | Sequence[str | Method], model, bench: B
   names, settings = [m.name for m in group], group[0].settings
   inits = [initial_variables(m, model, bench, r.seed) for m in group for r in runs]
   stacked_runs = list(runs) * len(group)   # every method's runs have the same keys and batches
-  init0 = jax.device_get(train.stack_trees([v for v, _ in inits]))   # host arrays: valid on any mesh and process
+  # stacked on the host (no device program): valid on any mesh and process
+  init0 = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[v for v, _ in inits])
   placement = settings.placement(len(stacked_runs), train.num_params(inits[0][0]))
   training = bench.training(group[0], stacked_runs)
   eval_all = evaluation(dataclasses.replace(group[0], model=model), training, placement.mesh)

@@ -4,6 +4,7 @@ loop (`maskprior_jax.train.stepping`); the loop only calls its `Stepper`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -29,6 +30,13 @@ logger = logging.getLogger("maskprior_jax.train")
 __all__ = ["train_seeds", "Progress"]
 
 _SYNC_IDS = itertools.count(1)   # preemption sync-point ids: calls of every loop in this process
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _initial_states(variables: tuple, tx: optax.GradientTransformation, keys: tuple) -> TrainState:
+  """Every run's initial state (`create_state`), stacked, as one compiled program: run one by one,
+  the optimizer's zeros and the stacking are a small program per leaf shape at every start."""
+  return stack_trees([create_state(v, tx, k) for v, k in zip(variables, keys)])
 
 
 def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables: Sequence[dict],
@@ -79,7 +87,7 @@ def train_seeds(*, loss_fn: LossFn, tx: optax.GradientTransformation, variables:
   """
   steps = settings.steps
   placement = placement_lib.resolve(settings, mesh, len(seeds), lambda: num_params(variables[0]))
-  states = stack_trees([create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, seeds)])
+  states = _initial_states(tuple(variables), tx, tuple(jax.random.key_data(jax.random.key(s)) for s in seeds))
   runs = stepping.stepper(loss_fn, tx, states, seeds, batches, settings, placement)   # decided once
   main = distributed.is_main_process()
   if main:
