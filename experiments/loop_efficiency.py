@@ -93,7 +93,8 @@ def step_rate(bench, num_runs, calls, repeats=3, run_block=None):
   inits = [runner.initial_variables(method, method.model, bench, r.seed)[0] for r in runs]
   placement = settings.placement(len(runs), train.num_params(inits[0]))
   state = train.stack_trees([train.create_state(v, tx, jax.random.key(r.key)) for v, r in zip(inits, runs)])
-  batches = train.DeviceBatches(bench.device_batches(runs))
+  drawn = bench.device_batches(runs)   # fn(step, run), or DeviceBatches with the data it reads
+  batches = drawn if isinstance(drawn, train.DeviceBatches) else train.DeviceBatches(drawn)
   # the loop's own stepper: its placement, its run blocks (each call dispatched without waiting)
   stepper = train.stepper(bench.loss_fn(method.model), tx, state, [r.key for r in runs], batches, settings, placement)
   k = placement.run_block

@@ -55,3 +55,21 @@ def test_results_say_what_each_group_compiled_and_a_repeated_command_compiles_no
   assert all(c["cache_hits"] > 0 for c in again["environment"]["compiles"].values())
   assert "mask: 0 programs compiled, " in out.stdout
   assert [r["state_sha256"] for r in again["runs"]] == [r["state_sha256"] for r in first["runs"]]
+
+
+def test_boolean_tasks_of_one_n_share_their_training_and_evaluation_programs(tmp_path):
+  """f2 and f4 (both n = 15): the training set, the evaluation points and the probe enter the
+  programs as arguments, so the second task compiles no training or evaluation program: it reads
+  f2's from the cache. (The mask model's initialisation holds its prior's pattern as a constant.)"""
+  from cli_args import SHORT_BOOLEAN
+
+  from maskprior_jax.bench import cli
+  args = ["--methods", "vanilla", "--seeds", "1", *SHORT_BOOLEAN, "--config.train.steps=50",
+          "--config.model.dim=12"]   # a width no other test compiles
+  counts = {}
+  for task in ("f2", "f4"):
+    with compiles.counted() as counts[task]:
+      assert cli.main(["boolean", "--task", task, "--workdir", str(tmp_path / task), *args]) == 0
+  for name in ("jit(with_runs)", "jit(eval_all)"):
+    assert counts["f2"].names.get(name) == 1, counts["f2"].names   # compiled, or read from an earlier run's cache
+    assert counts["f4"].names.get(name) == 1 and name not in counts["f4"].compiled, counts["f4"].compiled

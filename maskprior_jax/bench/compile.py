@@ -277,7 +277,9 @@ def _train_call(loss_fn, tx, states, batches, settings, placement, keys):
         if state_sharding is not None else _abstract(states, state_spec))
   if isinstance(batches, train.DeviceBatches):
     args = (st, jax.ShapeDtypeStruct((), jnp.int32, sharding=scalar_spec(None)))
-    return call, args + ((jax.ShapeDtypeStruct((k,), jnp.int32, sharding=first),) if k else ())
+    args += (jax.ShapeDtypeStruct((k,), jnp.int32, sharding=first),) if k else ()
+    # the training set the draws read (DeviceBatches.data): an argument, on the device or replicated
+    return call, args + ((_abstract(batches.data, scalar_spec),) if batches.data is not None else ())
   # the host batches' shapes: one call's batch of the program's runs
   chunk = [batches(j, keys) for j in range(spc)]
   host = jax.tree.map(lambda *xs: np.stack(xs), *chunk) if spc > 1 else chunk[0]
@@ -333,7 +335,7 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   var_spec, rest_spec, eval_devices = _eval_specs(placement)
   variables = _with_run_axis(one.variables, n)
   eval_args = (_abstract(variables, var_spec), None if data is None else _abstract(data, rest_spec),
-               _abstract(variables, rest_spec))
+               _abstract(variables, rest_spec), *_abstract(runner.probe_arguments(method.probe), rest_spec))
   flops, memory, coll, secs, _ = _compile(eval_all, eval_args, f"{label} evaluation", lowering)
   every = settings.eval_every or settings.steps
   rows.append(Program(program="eval", runs=n, calls_per_step=1.0 / every, flops_per_call=flops, steps_per_call=1,

@@ -31,11 +31,12 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 class Count:
   """Executables obtained outside JAX's in-memory cache: `programs` compiled, `cache_hits` read from
   the persistent cache, `seconds` spent in both; `names` the programs' names (jit(f)) with
-  how many of each."""
+  how many of each, `compiled` those of them compiled (not read from the cache)."""
   programs: int = 0
   cache_hits: int = 0
   seconds: float = 0.0
   names: dict = dataclasses.field(default_factory=dict)
+  compiled: dict = dataclasses.field(default_factory=dict)   # the names compiled, not read from the cache
 
   def record(self) -> dict:
     return {"programs": self.programs, "cache_hits": self.cache_hits, "seconds": round(self.seconds, 3)}
@@ -48,20 +49,25 @@ class Count:
 _lock = threading.Lock()
 _active: list[Count] = []
 _registered = False
+_hit = threading.local()   # a cache hit is reported just before its executable's duration, in one thread
 
 
 def _on_duration(event: str, duration: float, **kwargs) -> None:
   if event == BACKEND_COMPILE_EVENT:
+    hit, _hit.pending = getattr(_hit, "pending", False), False
     with _lock:
       for c in _active:
         c.programs += 1
         c.seconds += duration
         name = str(kwargs.get("fun_name", "?"))
         c.names[name] = c.names.get(name, 0) + 1
+        if not hit:
+          c.compiled[name] = c.compiled.get(name, 0) + 1
 
 
 def _on_event(event: str, **kwargs) -> None:
   if event == CACHE_HIT_EVENT:   # recorded before the duration event of the same executable
+    _hit.pending = True
     with _lock:
       for c in _active:
         c.cache_hits += 1

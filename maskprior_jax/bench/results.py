@@ -415,3 +415,16 @@ class Timer:
 
   def __call__(self) -> float:
     return time.perf_counter() - self.t0
+
+
+def run_hparams(cfg, method: str) -> dict:
+  """The run's config as TensorBoard hparams: flat "section.key" names, plus the method, the
+  package version and the code's commit (with "dirty" where tracked files had changes)."""
+  from flax import traverse_util
+
+  from maskprior_jax import __version__, version
+  flat = traverse_util.flatten_dict(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg), sep=".")
+  out = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in sorted(flat.items())}
+  code = version.source()
+  commit = (code["commit"] or "unknown") + ("-dirty" if code["dirty"] else "")
+  return {"method": method, "maskprior_jax": __version__, "commit": commit, **out}

@@ -119,8 +119,11 @@ class Benchmark:
     """What `runs` of `method` (and of the methods stacked with it) train on and are measured with
     (default: from `loss_fn`, `host_batches` or `device_batches` as `batch_source` says,
     `eval_metrics` and `eval_data`)."""
-    batches = (train.DeviceBatches(self.device_batches(runs)) if batch_source(self, method.settings) == "device"
-               else self.host_batches(runs))
+    if batch_source(self, method.settings) == "device":
+      drawn = self.device_batches(runs)   # fn(step, run), or DeviceBatches with its data
+      batches = drawn if isinstance(drawn, train.DeviceBatches) else train.DeviceBatches(drawn)
+    else:
+      batches = self.host_batches(runs)
     return Training(self.loss_fn(method.model), batches, self.eval_metrics(method.model), self.eval_data(runs))
 
   def runs(self, seeds: Sequence[int]) -> list[Run]:
@@ -167,9 +170,11 @@ class Benchmark:
     """`batch_fn(step, keys, part=(i, n))`: the batch of every run (by its key) for `step`."""
     raise NotImplementedError
 
-  def device_batches(self, runs: Sequence[Run]) -> Callable | None:
-    """`fn(step, run_index)` drawing the same kind of batch inside the compiled step. A benchmark
-    that does not override this has no device batches (train.batches="device" is then refused)."""
+  def device_batches(self, runs: Sequence[Run]) -> Callable | train.DeviceBatches | None:
+    """`fn(step, run_index)` drawing the same kind of batch inside the compiled step, or a
+    `train.DeviceBatches` whose `data` (the training set) the step takes as an argument, so that
+    tasks whose data have the same shapes share one program. A benchmark that does not override
+    this has no device batches (train.batches="device" is then refused)."""
     return None
 
   def device_data(self) -> bool:
@@ -271,21 +276,21 @@ def batch_source(bench: Benchmark, settings: train.LoopSettings) -> str:
 
 def evaluation(method: Method, training: Training, mesh):
   """The jitted evaluation of every run during training, `eval_all(stacked_variables, data,
-  initial_variables)`: the benchmark's metrics (`training.eval_metrics` on `training.eval_data`),
-  `attn_tv` (each layer's mean total-variation distance between attention rows on the method's
+  initial_variables, *probe_arguments(method.probe))`: the benchmark's metrics
+  (`training.eval_metrics` on `training.eval_data`), `attn_tv` (each layer's mean total-variation distance between attention rows on the method's
   probe and the prior's pattern) and, for a model with a prior, `mask_drift` ||B_t-B_0||/||B_0||."""
   model, probe, metrics_fn = method.model, method.probe, training.eval_metrics
-  target_attn = jnp.asarray(probe.target_attn)
   rows = slice(None) if probe.rows is None else np.asarray(probe.rows)
 
-  def eval_one(v, data):
+  def eval_one(v, data, probe_inputs, target_attn):
     out = dict(metrics_fn(v, data))
-    maps = jnp.stack(measure.attention_maps(model.apply, v, probe.inputs))   # (layers, B, H, q, kv)
+    maps = jnp.stack(measure.attention_maps(model.apply, v, probe_inputs))   # (layers, B, H, q, kv)
     out["attn_tv"] = measure.total_variation(maps[..., rows, :], target_attn[..., rows, :])
     return out
 
-  def eval_all(stacked, data, init0):
-    out = jax.vmap(eval_one, in_axes=(0, None if data is None else 0))(stacked, data)
+  def eval_all(stacked, data, init0, probe_inputs, target_attn):
+    out = jax.vmap(eval_one, in_axes=(0, None if data is None else 0, None, None))(
+        stacked, data, probe_inputs, target_attn)
     if MASK_PRIOR in stacked:
       out["mask_drift"] = measure.mask_drift(stacked, init0)
     return out
@@ -293,17 +298,10 @@ def evaluation(method: Method, training: Training, mesh):
   return jax.jit(eval_all, **({} if mesh is None else {"out_shardings": train.replicated(mesh)}))
 
 
-def hparams(cfg, method: str) -> dict:
-  """The run's config as TensorBoard hparams: flat "section.key" names, plus the method, the
-  package version and the code's commit (with "dirty" where tracked files had changes)."""
-  from flax import traverse_util
-
-  from maskprior_jax import __version__, version
-  flat = traverse_util.flatten_dict(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg), sep=".")
-  out = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in sorted(flat.items())}
-  code = version.source()
-  commit = (code["commit"] or "unknown") + ("-dirty" if code["dirty"] else "")
-  return {"method": method, "maskprior_jax": __version__, "commit": commit, **out}
+def probe_arguments(probe: Probe) -> tuple:
+  """The evaluation's last two arguments (`evaluation`): the probe's inputs and the prior's attention
+  pattern, as arguments rather than constants of the program, so that tasks of one shape share it."""
+  return jax.tree.map(np.asarray, probe.inputs), np.asarray(probe.target_attn)
 
 
 def stacks_methods(bench: Benchmark) -> bool:
@@ -411,15 +409,15 @@ def train_method(methods: str | Method | Sequence[str | Method], model, bench: B
   names, settings = [m.name for m in group], group[0].settings
   inits = [initial_variables(m, model, bench, r.seed) for m in group for r in runs]
   stacked_runs = list(runs) * len(group)   # every method's runs have the same keys and batches
-  # stacked on the host (no device program): valid on any mesh and process
-  init0 = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *[v for v, _ in inits])
+  init0 = jax.tree.map(lambda *xs: np.stack(xs), *[v for v, _ in inits])   # on the host: any mesh and process
   placement = settings.placement(len(stacked_runs), train.num_params(inits[0][0]))
   training = bench.training(group[0], stacked_runs)
   eval_all = evaluation(dataclasses.replace(group[0], model=model), training, placement.mesh)
   seeds = results_lib.seeds_dir(list(dict.fromkeys(r.seed for r in runs)))
-  logs = [results_lib.TensorBoardLog(workdir / "tensorboard" / workdir_lib.path(m) / seeds, hparams=hparams(bench.cfg, m),
-                                     labels=[r.label for r in runs]) for m in names]
-  observer = _Observer(lambda stacked: jax.device_get(eval_all(stacked, training.eval_data, init0)), logs, len(runs))
+  logs = [results_lib.TensorBoardLog(workdir / "tensorboard" / workdir_lib.path(m) / seeds, labels=[r.label for r in runs],
+                                     hparams=results_lib.run_hparams(bench.cfg, m)) for m in names]
+  probe = probe_arguments(group[0].probe)
+  observer = _Observer(lambda st: jax.device_get(eval_all(st, training.eval_data, init0, *probe)), logs, len(runs))
   checkpointer = Checkpointer(workdir / "checkpoints" / workdir_lib.path("+".join(names)) / seeds,
                               max_to_keep=settings.max_to_keep)
   trained = False

@@ -19,9 +19,13 @@ class DeviceBatches:
 
   Attributes:
     fn: `fn(step, run)` (traced int32 scalars) returns run `run`'s batch for training step `step`,
-      a pure function of the two.
+      a pure function of the two; with `data`, `fn(step, run, data)`.
+    data: None, or a pytree of arrays (e.g. the training set) that the compiled step takes as an
+      argument, placed on the devices once, rather than as constants of the program: tasks whose
+      data have the same shapes then share one compiled program.
   """
-  fn: Callable[[jax.Array, jax.Array], Any]
+  fn: Callable[..., Any]
+  data: Any = None
 
   def call_args(self, first_step: int, place: Callable) -> tuple:
     """The compiled call's arguments after the state: the call's first step."""

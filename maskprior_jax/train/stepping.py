@@ -48,6 +48,9 @@ class Stepper:
     self.call = loop_step(loss_fn, tx, batches, settings, placement, self.state_sharding)
     self.batches = batches if isinstance(batches, DeviceBatches) else HostBatches(
         batches, self.host_keys(), settings.steps_per_call, self.host_part(batches))
+    # DeviceBatches.data: placed once, an argument of every call
+    self.data = (self.put_data(batches.data) if isinstance(batches, DeviceBatches) and batches.data is not None
+                 else None)
     self.load(self.put(states))
 
   def sharding_for(self, states: TrainState, settings: LoopSettings):
@@ -58,6 +61,15 @@ class Stepper:
   def put(self, states: TrainState) -> TrainState:
     """The initial stacked states, laid out as the placement steps them."""
     return states
+
+  def put_data(self, data):
+    """`DeviceBatches.data`, laid out as the compiled call takes it (on its device, or replicated)."""
+    return jax.device_put(data)
+
+  def data_args(self, block: int | None = None) -> tuple:
+    """The call's trailing data argument (none without `DeviceBatches.data`)."""
+    del block
+    return () if self.data is None else (self.data,)
 
   def host_keys(self) -> list[int]:
     """The runs whose host batches this process builds."""
@@ -82,7 +94,7 @@ class Stepper:
 
   def step(self, first_step: int):
     """Dispatch one compiled call (`steps_per_call` steps from `first_step`); returns its metrics."""
-    self.states, metrics = self.call(self.states, *self.batches.call_args(first_step, self.place))
+    self.states, metrics = self.call(self.states, *self.batches.call_args(first_step, self.place), *self.data_args())
     return metrics
 
   def state(self) -> TrainState:
@@ -105,6 +117,9 @@ class RunsMesh(Stepper):
   def put(self, states):
     return _put(states, run_sharding(self.mesh))
 
+  def put_data(self, data):
+    return _put(data, replicated(self.mesh))
+
   def host_keys(self):
     return self.seeds[distributed.process_slice(len(self.seeds))]
 
@@ -122,6 +137,9 @@ class DataMesh(Stepper):
 
   def put(self, states):
     return jax.device_put(states, self.state_sharding or replicated(self.mesh))
+
+  def put_data(self, data):
+    return _put(data, replicated(self.mesh))
 
   def host_part(self, batch_fn):
     return distributed.process_part() if builds_part(batch_fn) else None
@@ -149,6 +167,12 @@ class Blocks(Stepper):
       return jax.device_put(states, self.blocks.devices[0])
     return _put(states, run_sharding(self.mesh))
 
+  def put_data(self, data):   # a copy on each of this process's devices, committed there
+    return {d: jax.device_put(data, d) for d in self.blocks.devices}
+
+  def data_args(self, block: int | None = None) -> tuple:
+    return () if self.data is None else (self.data[self.blocks.blocks[block][0]],)
+
   def host_keys(self):
     return self.seeds if self.mesh is None else self.seeds[distributed.process_slice(len(self.seeds))]
 
@@ -158,7 +182,7 @@ class Blocks(Stepper):
 
   def step(self, first_step):
     args = self.batches.block_args(first_step, self.blocks, self.run_axis)
-    out = [self.call(part, *a) for part, a in zip(self.parts, args)]
+    out = [self.call(part, *a, *self.data_args(b)) for b, (part, a) in enumerate(zip(self.parts, args))]
     self.parts, self.joined = [o[0] for o in out], None
     return self.blocks.join([o[1] for o in out], run_axis=self.run_axis)
 

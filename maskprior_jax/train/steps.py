@@ -182,6 +182,8 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
     device_batch_fn: ``device_batch_fn(step, run)`` (traced int32 scalars) returns run ``run``'s
       batch for training step ``step``, a pure function of the two (e.g. indices drawn with a key
       folded from the run's seed and the step, gathered from a training set held on the device).
+      Or a `DeviceBatches` with ``data``: the step then takes one more argument, that data (a
+      pytree of arrays, replicated over a mesh), and draws with ``fn(step, run, data)``.
     num_runs: the runs the state stacks on its leading axis.
     steps_per_call: steps per call (metrics stacked on a leading step axis).
     mesh: a "data" or "runs" mesh, as in `make_train_step`.
@@ -194,23 +196,27 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
   Returns:
     The jitted step.
   """
+  with_data = isinstance(device_batch_fn, DeviceBatches) and device_batch_fn.data is not None
+  if isinstance(device_batch_fn, DeviceBatches):
+    device_batch_fn = device_batch_fn.fn
   by_run = is_runs_mesh(mesh)
   step = jax.vmap(step_fn(loss_fn, tx, value_and_grad=None if by_run else _value_and_grad(
       loss_fn, mesh, grad_reduction, state_sharding)))
   runs = jnp.arange(num_runs, dtype=jnp.int32)
+  # `data` (0 or 1 trailing arguments): DeviceBatches.data, passed to device_batch_fn as its third argument
+  draw = lambda i, given, data: jax.vmap(lambda s, r: device_batch_fn(s, r, *data), in_axes=(None, 0))(i, given)
 
-  def one(state, i):
-    batch = jax.vmap(device_batch_fn, in_axes=(None, 0))(i, runs)
-    if mesh is not None:   # a "data" mesh (a "runs" mesh takes the per-device call below)
-      batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh, 1))
-    return step(state, batch)
-
-  def call(state, first_step):
+  def call(state, first_step, *data):
+    def one(st, i):
+      batch = draw(i, runs, data)
+      if mesh is not None:   # a "data" mesh (a "runs" mesh takes the per-device call below)
+        batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh, 1))
+      return step(st, batch)
     return jax.lax.scan(one, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
 
-  def with_runs(state, first_step, given_runs):   # the runs `given_runs` the state holds, their own batches
+  def with_runs(state, first_step, given_runs, *data):   # the runs `given_runs` the state holds, their own batches
     def one_of(st, i):
-      return step(st, jax.vmap(device_batch_fn, in_axes=(None, 0))(i, given_runs))
+      return step(st, draw(i, given_runs, data))
     return jax.lax.scan(one_of, state, first_step + jnp.arange(steps_per_call, dtype=jnp.int32))
 
   if runs_argument:
@@ -218,18 +224,20 @@ def make_generating_train_step(loss_fn: LossFn, tx: optax.GradientTransformation
       raise ValueError("runs_argument: a one-device step (the caller places each block of runs)")
     return jax.jit(with_runs, donate_argnums=(0,) if donate else ())
 
+  extra = (P(),) * with_data
   if by_run:   # each device draws and steps its own runs: the run indices are sharded with the state
-    sharded = _per_device(with_runs, mesh, (P("runs"), P(), P("runs")), (P("runs"), P(None, "runs")))
+    sharded = _per_device(with_runs, mesh, (P("runs"), P(), P("runs"), *extra), (P("runs"), P(None, "runs")))
 
-    def call(state, first_step):
-      return sharded(state, first_step, runs)
+    def call(state, first_step, *data):
+      return sharded(state, first_step, runs, *data)
   kwargs = {}
   if by_run:
-    kwargs = dict(in_shardings=(run_sharding(mesh), replicated(mesh)),
+    kwargs = dict(in_shardings=(run_sharding(mesh), replicated(mesh), *(replicated(mesh),) * with_data),
                   out_shardings=(run_sharding(mesh), run_sharding(mesh, 1)))
   elif mesh is not None:
     state_spec = replicated(mesh) if state_sharding is None else state_sharding
-    kwargs = dict(in_shardings=(state_spec, replicated(mesh)), out_shardings=(state_spec, replicated(mesh)))
+    kwargs = dict(in_shardings=(state_spec, replicated(mesh), *(replicated(mesh),) * with_data),
+                  out_shardings=(state_spec, replicated(mesh)))
   return jax.jit(call, donate_argnums=(0,) if donate else (), **kwargs)
 
 
@@ -273,7 +281,8 @@ def loop_step(loss_fn: LossFn, tx: optax.GradientTransformation, batches: Callab
   Returns:
     The jitted call; each call runs ``settings.steps_per_call`` steps.
   """
-  device_batch_fn = batches.fn if isinstance(batches, DeviceBatches) else None
+  # DeviceBatches with data go whole (the step takes the data as an argument), else their function
+  device_batch_fn = (batches if batches.data is not None else batches.fn) if isinstance(batches, DeviceBatches) else None
   spc, mesh = settings.steps_per_call, placement.mesh
   if placement.run_block > 0:   # one k-run program for every block of runs, wherever it lies (see RunBlocks)
     k = placement.run_block

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maskprior_jax import measure, priors
+from maskprior_jax import measure, priors, train
 from maskprior_jax.attention import MASK_PRIOR, MaskSettings
 from maskprior_jax.bench import results as results_lib
 from maskprior_jax.bench import workdir as workdir_lib
@@ -147,6 +147,12 @@ def build_model(task: boolean.Task, cfg: ml_collections.ConfigDict, method: str)
                      attention_implementation=m.attention, dtype=compute_dtype(cfg))
 
 
+def seen_rows(n: int, count: int) -> int:
+  """The rows a task's seen domain is padded to on the device: the cube's 2^n up to n = 20 (every
+  task of one n has one shape, so one training program), else the next power of two."""
+  return 1 << n if n <= 20 else 1 << max(count - 1, 0).bit_length()
+
+
 def to_ids(x: np.ndarray) -> np.ndarray:
   """{-1,+1} bits -> token ids {0, 1}."""
   return (np.asarray(x) > 0).astype(np.int32)
@@ -206,6 +212,7 @@ class BooleanTask(runner.Benchmark):
     ev_idx = np.concatenate([ev_rng.choice(np.flatnonzero(~self.test_seen), half),
                              ev_rng.choice(np.flatnonzero(self.test_seen), half)])
     self.ev = (to_ids(self.test_x[ev_idx]), self.test_f[ev_idx], self.test_mdi[ev_idx], ~self.test_seen[ev_idx])
+    assert self.ev[3][:half].all() and not self.ev[3][half:].any()   # eval_metrics reads the halves by position
     probe_ids = to_ids(self.test_x[ev_rng.choice(len(self.test_x), cfg.eval.probe_size)])
     self.probe = runner.Probe(probe_ids, target_attention(prior_pattern(task, cfg)))
     self.sample_input = jnp.zeros((1, task.n), jnp.int32)
@@ -277,24 +284,34 @@ class BooleanTask(runner.Benchmark):
     return batch_fn
 
   def device_batches(self, runs):
-    bs, seen_ids, seen_f = self.settings.batch_size, self.seen_ids, self.seen_f
+    """Batches drawn in the step from the seen domain, which the step takes as an argument (padded
+    to `seen_rows` rows, its size a number): tasks of the same n share the compiled program."""
+    bs, count, rows = self.settings.batch_size, len(self.seen_ids), seen_rows(self.task.n, len(self.seen_ids))
     run_seeds = np.asarray([r.seed for r in runs], np.int32)
+    pad = lambda a: np.concatenate([a, np.zeros((rows - count,) + a.shape[1:], a.dtype)])
+    data = {"x": pad(self.seen_ids), "y": pad(self.seen_f), "count": np.int32(count)}
 
-    def device_batch_fn(step, run):
+    def device_batch_fn(step, run, data):
       key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), jnp.asarray(run_seeds)[run]), step)
-      idx = jax.random.randint(key, (bs,), 0, len(seen_ids))
-      return {"x": jnp.asarray(seen_ids)[idx], "y": jnp.asarray(seen_f)[idx]}
-    return device_batch_fn
+      idx = jax.random.randint(key, (bs,), 0, data["count"])
+      return {"x": data["x"][idx], "y": data["y"][idx]}
+    return train.DeviceBatches(device_batch_fn, data)
+
+  def eval_data(self, runs):
+    """Every run's evaluation points (the same for all runs of the task), an argument of the
+    evaluation rather than its constants: tasks of one n share the program."""
+    ev_ids, ev_f, ev_mdi, _ = self.ev
+    return {k: np.repeat(np.asarray(a, dt)[None], len(runs), 0)
+            for k, a, dt in (("x", ev_ids, np.int32), ("f", ev_f, np.float32), ("mdi", ev_mdi, np.float32))}
 
   def eval_metrics(self, model):
-    ev_ids, ev_f, ev_mdi, ev_unseen = self.ev
+    half = len(self.ev[0]) // 2   # the first half of the points unseen, the second seen (see __init__)
 
     def metrics_fn(v, data):
-      del data
-      pred = measure.apply_in_chunks(lambda x: model.apply(v, x), ev_ids)
-      err_t, err_m = (pred - ev_f) ** 2, (pred - ev_mdi) ** 2
-      return {"unseen_mse_true": err_t[ev_unseen].mean(), "unseen_mse_mdi": err_m[ev_unseen].mean(),
-              "seen_mse": err_t[~ev_unseen].mean()}
+      pred = measure.apply_in_chunks(lambda x: model.apply(v, x), data["x"])
+      err_t, err_m = (pred - data["f"]) ** 2, (pred - data["mdi"]) ** 2
+      return {"unseen_mse_true": err_t[:half].mean(), "unseen_mse_mdi": err_m[:half].mean(),
+              "seen_mse": err_t[half:].mean()}
     return metrics_fn
 
   def final_metrics(self, model, variables, runs, history):
