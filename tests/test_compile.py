@@ -110,8 +110,8 @@ def test_maskprior_compile_for_a_gpu_builds_the_boolean_defaults_programs(tmp_pa
   assert {r["attention"] for r in rows} == {"cudnn"} and {r["dtype"] for r in rows} == {"bfloat16"}
   assert [r["runs"] for r in rows] == [4, 4, 2, 2] and all(r["fits"] and r["devices"] == 1 for r in rows)
   assert all(r["flops"] > 0 and 0 < r["memory_per_device"] < r["device_memory"] for r in rows)
-  assert "4 programs compiled for h200; every one fits" in out.stdout
-  total = next(line for line in out.stdout.splitlines() if line.startswith("totals: 4 programs, "))
+  assert "4 programs for h200, 4 compiled; every one fits" in out.stdout
+  total = next(line for line in out.stdout.splitlines() if line.startswith("totals: 4 programs, 4 of them distinct"))
   assert "min of compiling on this CPU" in total and "at 45% to 10% of its peak" in total, total
 
 
@@ -171,3 +171,21 @@ def test_without_the_compile_extra_a_gpu_target_names_the_extra_in_one_line():
       "maskprior: error: compiling for h100 needs the CUDA compiler and cuDNN (" + ", ".join(
           m for m in ("jax_cuda12_plugin", "nvidia.cudnn") if not _have(m)) + " not installed): "
       "pip install 'maskprior-jax[compile]'")
+
+
+def test_tasks_of_one_shape_are_one_program_compiled_once(tmp_path):
+  """The Boolean headline's default sizes on this CPU: f1, f2 and f4 (n = 15) take their data as
+  arguments, so f2's and f4's programs are f1's, compiled once and said so; f3 (n = 10) and frozen
+  coordinate (n = 12) have programs of their own."""
+  out = _compile_cli("boolean", "--methods", "vanilla", "--seeds", "1", "--topology", "cpu", *SMALL_BOOLEAN,
+                     "--json", str(tmp_path / "p.jsonl"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = _rows(tmp_path / "p.jsonl")
+  same = {(r["task"], r["program"]): r.get("same_as", "") for r in rows}
+  for task in ("f2_2parity", "f4_majority"):
+    assert same[(task, "train")] == "f1_threesym vanilla train step", same
+    assert same[(task, "eval")] == "f1_threesym vanilla evaluation", same
+  assert not any(same[(t, p)] for t in ("f1_threesym", "f3_cyclic", "frozen_coordinate") for p in ("train", "eval"))
+  assert "10 programs for cpu, 6 compiled;" in out.stdout
+  assert "totals: 10 programs, 6 of them distinct" in out.stdout
+  assert all(r["compile_seconds"] == 0 for r in rows if r.get("same_as"))

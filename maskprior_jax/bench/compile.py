@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import json
 import re
@@ -208,6 +209,7 @@ class Program:
   compile_seconds: float
   attention: str
   dtype: str
+  same_as: str = ""          # an earlier program of the command with the same text: not compiled again
 
   @property
   def fits(self) -> bool:
@@ -222,17 +224,30 @@ class Program:
            + ("" if self.fits else " DOES NOT FIT"))
     return (f"[{self.benchmark}/{self.task}] {'+'.join(self.methods)} {what}: {self.runs} run{'s' * (self.runs != 1)} on {self.devices} "
             f"device{'s' * (self.devices != 1)} ({self.placement}); {per}; {mem}; {coll}; attention {self.attention}, {self.dtype}; "
-            f"compiled in {self.compile_seconds:.1f} s")
+            + (f"the same program as {self.same_as}: compiled once" if self.same_as
+               else f"compiled in {self.compile_seconds:.1f} s"))
+
+
+# The programs this process compiled, by the text of their lowered module: a program the same as an
+# earlier one (another task of the same shapes, whose data are arguments) is what a run compiles once
+# and then reads from its compilation cache. Emptied at each command (`command_programs`): one target.
+_COMPILED: dict[tuple, tuple] = {}
 
 
 def _compile(fn, args, what: str, lowering: str):
+  """(FLOPs, memory per device, collectives, compile seconds, cuDNN fused, the earlier program it
+  is the same as or "") of `fn` on `args`, compiled for `lowering`."""
   t0 = time.perf_counter()
   try:
     traced = fn.trace(*args)
     met: set[str] = set()   # the walk that counts also says whether cuDNN's kernel is in the step
     flops = count_flops(traced.jaxpr, met)
     fused = any(name.startswith("dot_product_attention_fwd") for name in met)
-    compiled = traced.lower(lowering_platforms=(lowering,)).compile()
+    lowered = traced.lower(lowering_platforms=(lowering,))
+    key = (lowering, hashlib.sha256(lowered.as_text().encode()).hexdigest())
+    if key in _COMPILED:
+      return (*_COMPILED[key][:3], 0.0, fused, _COMPILED[key][3])
+    compiled = lowered.compile()
   except UsageError:
     raise
   except Exception as e:   # the compiler's refusal, named
@@ -241,7 +256,8 @@ def _compile(fn, args, what: str, lowering: str):
   m = compiled.memory_analysis()
   memory = float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                  - m.alias_size_in_bytes) if m is not None else float("nan")
-  return flops, memory, _collectives(compiled.as_text() or ""), seconds, fused
+  _COMPILED[key] = (flops, memory, _collectives(compiled.as_text() or ""), what)
+  return flops, memory, _COMPILED[key][2], seconds, fused, ""
 
 
 def _lowering(platform: str) -> str:
@@ -323,23 +339,24 @@ def group_programs(bench: runner.Benchmark, methods: Sequence[str], seeds: Seque
   label = f"{bench.name} {'+'.join(methods)}"
   lowering = _lowering(tgt.platform)
   dtype = bench.cfg.model.get("dtype", "float32")
-  flops, memory, coll, secs, fused = _compile(call, args, f"{label} train step", lowering)
+  flops, memory, coll, secs, fused, same = _compile(call, args, f"{label} train step", lowering)
   # The path the program took: cuDNN's fused kernel where it is in the traced step, else XLA's (or blockwise).
   impl = "cudnn" if fused else "blockwise" if bench.cfg.model.attention == "blockwise" else "xla"
   common = dict(benchmark=bench.kind, task=task, methods=methods, placement=placement.describe(), devices=used,
                 device_memory=tgt.memory, attention=impl, dtype=dtype)
   rows = [Program(program="train", runs=program_runs, calls_per_step=(n // program_runs) / spc, flops_per_call=flops,
-                  steps_per_call=spc, memory_per_device=memory, collectives=coll, compile_seconds=secs, **common)]
+                  steps_per_call=spc, memory_per_device=memory, collectives=coll, compile_seconds=secs, same_as=same,
+                  **common)]
   # The evaluation during training, on the joined state of every run.
   eval_all, data = runner.evaluation(method, training, mesh), training.eval_data
   var_spec, rest_spec, eval_devices = _eval_specs(placement)
   variables = _with_run_axis(one.variables, n)
   eval_args = (_abstract(variables, var_spec), None if data is None else _abstract(data, rest_spec),
                _abstract(variables, rest_spec), *_abstract(runner.probe_arguments(method.probe), rest_spec))
-  flops, memory, coll, secs, _ = _compile(eval_all, eval_args, f"{label} evaluation", lowering)
+  flops, memory, coll, secs, _, same = _compile(eval_all, eval_args, f"{label} evaluation", lowering)
   every = settings.eval_every or settings.steps
   rows.append(Program(program="eval", runs=n, calls_per_step=1.0 / every, flops_per_call=flops, steps_per_call=1,
-                      memory_per_device=memory, collectives=coll, compile_seconds=secs,
+                      memory_per_device=memory, collectives=coll, compile_seconds=secs, same_as=same,
                       **{**common, "devices": eval_devices}))
   return rows
 
@@ -359,6 +376,7 @@ def command_programs(command: runner.Command, cfg, context, methods, seeds, tgt:
   """Every program of a benchmark command (`runner.Command.benchmarks`), compiled for `tgt`."""
   if command.benchmarks is None:
     raise UsageError(f"maskprior compile: the {command.name} benchmark does not list its programs")
+  _COMPILED.clear()
   rows = []
   for task, bench in command.benchmarks(cfg, context, seeds):
     rows += benchmark_programs(bench, methods, seeds, tgt, task, log=log)
@@ -385,7 +403,8 @@ def record(row: Program, tgt: Target, config: str, argv: Sequence[str]) -> dict:
           "calls_per_step": row.calls_per_step, "flops_per_call": row.flops_per_call,
           "flops": steps_flops, "memory_per_device": row.memory_per_device, "device_memory": tgt.memory,
           "fits": row.fits, "compiled": True, "collectives": row.collectives,
-          "compile_seconds": round(row.compile_seconds, 2), "command": " ".join(["maskprior", "compile", *argv])}
+          "compile_seconds": round(row.compile_seconds, 2), "command": " ".join(["maskprior", "compile", *argv]),
+          **({"same_as": row.same_as} if row.same_as else {})}
 
 
 def add_parser(sub, benchmarks, command_of, benchmark_flags, epilog: str, config_of) -> None:
@@ -431,7 +450,7 @@ def cmd_compile(args, command, cfg) -> int:
     with open(path, "a") as f:
       f.write(lines)
   over = [r for r in rows if not r.fits]
-  print(f"{len(rows)} programs compiled for {tgt.name}; "
+  print(f"{len(rows)} programs for {tgt.name}, {sum(not r.same_as for r in rows)} compiled; "
         + (f"{len(over)} do not fit the device's memory" if over else "every one fits the device's memory"))
   print(totals(rows, tgt, cfg.train.steps))
   return 1 if over else 0
@@ -445,7 +464,9 @@ def totals(rows: Sequence[Program], tgt: Target, steps: int) -> str:
   compile_s = sum(r.compile_seconds for r in rows)
   recs = [record(r, tgt, "", []) for r in rows]
   flop = sum((r["calls_per_step"] * steps + (r["program"] == "eval")) * r["flops_per_call"] for r in recs)   # as projection()
-  line = (f"totals: {len(rows)} programs, {compile_s / 60:.1f} min of compiling on this CPU; "
+  distinct = sum(not r.same_as for r in rows)
+  line = (f"totals: {len(rows)} programs, {distinct} of them distinct (a run compiles each once), "
+          f"{compile_s / 60:.1f} min of compiling on this CPU; "
           f"at most {max((r.memory_per_device for r in rows), default=0) / GiB:,.2f} GiB per device; "
           f"{flop / 1e15:,.3f} PFLOP for {steps} steps with its evaluations")
   dtypes = {r.dtype for r in rows}
