@@ -1,6 +1,7 @@
 """The blockwise attention path: the same output and gradients (query, key, value, bias) as XLA's
 attention, the bias gradient at the bias's own size, less compiled memory, and the module and the
 benchmarks' model.attention accept it."""
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,8 +81,7 @@ def test_the_module_takes_the_blockwise_path_and_its_mask_gets_the_same_gradient
   with _x64():
     x, v = jnp.asarray(x, jnp.float64), jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), v)
     grads = {i: jax.grad(lambda v, m=m: jnp.sum(m.apply(v, x) ** 2))(v) for i, m in mods.items()}
-  for a, c in zip(jax.tree.leaves(grads["blockwise"]), jax.tree.leaves(grads["xla"])):
-    np.testing.assert_allclose(a, c, rtol=1e-9, atol=1e-11)
+  chex.assert_trees_all_close(grads["blockwise"], grads["xla"], rtol=1e-9, atol=1e-11)
 
 
 def test_benchmark_configs_accept_blockwise():

@@ -1,3 +1,4 @@
+import chex
 import os
 
 import numpy as np
@@ -251,7 +252,7 @@ def test_reader_designs_depend_only_on_the_supports_and_unseen_counts_read_zero_
     ma, mb = R.build_model(a, cfg, method), R.build_model(b, cfg, method)
     np.testing.assert_array_equal(ma.pattern, mb.pattern)
     va, vb = ma.init(jax.random.key(0), ids), mb.init(jax.random.key(0), ids)
-    assert jax.tree.all(jax.tree.map(np.array_equal, va, vb))
+    chex.assert_trees_all_equal(va, vb)
   allowed = BD2.reader_mask(6, a.groups, "p1")
   assert allowed[6].tolist() == [True, True, False, False, False, False, True, False]   # reader 0: x0, x1, itself
   assert not allowed[:6, 6:].any()                                                       # variables never read readers
@@ -481,7 +482,8 @@ def test_the_batched_qk_fit_lowers_the_distance_and_a_whole_batch_is_the_old_fit
   assert tv < tv0 - 0.05
   whole, tv_w = baselines.fit_qk(model.apply, v, x, target, steps=5)
   same, tv_s = baselines.fit_qk(model.apply, v, x, target, steps=5, batch_size=256, seed=7)
-  assert tv_w == tv_s and all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(same)))
+  assert tv_w == tv_s
+  chex.assert_trees_all_equal(whole, same)
 
 
 def test_the_qk_rerun_merge_replaces_only_the_rerun_method_and_refuses_other_config_changes(tmp_path):

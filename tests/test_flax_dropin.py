@@ -2,6 +2,7 @@
 with the same RNG keys and inputs (parameter trees, outputs with and without dropout, bfloat16 with
 `force_fp32_for_softmax` both ways, decode caches, NNX keywords, sharding metadata), by
 introspection of Flax's signatures, and in a Flax-style training loop that passes only `params`."""
+import chex
 import dataclasses
 import inspect
 
@@ -57,8 +58,7 @@ def test_linen_same_parameters_outputs_and_dropout_as_flax(dtype, fp32, broadcas
   v_ours = ours.init(jax.random.key(0), x)
   assert _tree_paths(v_ref) == _tree_paths(v_ours)                  # same auto-names, paths and shapes
   assert "MultiHeadDotProductAttention_0" in v_ref["params"]
-  for a, b in zip(jax.tree.leaves(v_ref), jax.tree.leaves(v_ours)):
-    assert np.array_equal(a, b)                                      # same initial values
+  chex.assert_trees_all_equal(v_ref, v_ours)                         # same initial values
   _equal(ref.apply(v_ref, x), ours.apply(v_ref, x), dtype)           # Flax's checkpoint loads as is
   rngs = {"dropout": jax.random.key(7)}
   train_ref, train_ours = ref.apply(v_ref, x, True, rngs=rngs), ours.apply(v_ref, x, True, rngs=rngs)
@@ -93,8 +93,7 @@ def test_linen_decode_cache_and_token_by_token_as_flax():
     y_ours, m_ours = ours.apply({"params": v["params"], "cache": cache_ours}, X[:, t:t + 1], mutable=["cache"])
     np.testing.assert_array_equal(y_ref, y_ours)
     cache_ref, cache_ours = m_ref["cache"], m_ours["cache"]
-  for a, b in zip(jax.tree.leaves(cache_ref), jax.tree.leaves(cache_ours)):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_equal(cache_ref, cache_ours)
 
 
 def test_linen_prior_decodes_token_by_token_as_the_causal_pass():
@@ -124,9 +123,8 @@ def test_nnx_same_state_outputs_rng_streams_and_keywords_as_flax(dtype, broadcas
   ref, ours = _nnx_pair(broadcast_dropout=broadcast, dtype=dtype)
   s_ref, s_ours = nnx.state(ref), nnx.state(ours)
   assert _tree_paths(s_ref) == _tree_paths(s_ours)                  # weights and the dropout stream's state
-  for a, b in zip(jax.tree.leaves(s_ref), jax.tree.leaves(s_ours)):
-    assert np.array_equal(np.asarray(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a),
-                          np.asarray(jax.random.key_data(b) if jnp.issubdtype(b.dtype, jax.dtypes.prng_key) else b))
+  bits = lambda a: jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a
+  chex.assert_trees_all_equal(jax.tree.map(bits, s_ref), jax.tree.map(bits, s_ours))
   x = X.astype(dtype)
   _equal(ref(x, deterministic=True), ours(x, deterministic=True), dtype)
   _equal(ref(x, deterministic=False), ours(x, deterministic=False), dtype)          # the stored stream
@@ -146,8 +144,7 @@ def test_nnx_decode_cache_as_flax():
     np.testing.assert_array_equal(ref(X[:, t:t + 1]), ours(X[:, t:t + 1]))
   c_ref, c_ours = nnx.state(ref, nnx.Cache), nnx.state(ours, nnx.Cache)
   assert _tree_paths(c_ref) == _tree_paths(c_ours)
-  for a, b in zip(jax.tree.leaves(c_ref), jax.tree.leaves(c_ours)):
-    np.testing.assert_array_equal(a, b)
+  chex.assert_trees_all_equal(c_ref, c_ours)
 
 
 def test_nnx_prior_trains_and_decodes_as_the_causal_pass():

@@ -74,10 +74,8 @@ def test_mask_learning_rate_multiplier_under_sgd():
   # Compare updates, not parameter differences: (-8 + u) - (-8) loses u's low bits in float32.
   updates, _ = tx.update(grads, state.opt_state, state.variables)
   d_mask, d_par = updates[mp.MASK_PRIOR], updates["params"]
-  for d, g in zip(jax.tree.leaves(d_mask), jax.tree.leaves(grads[mp.MASK_PRIOR])):
-    np.testing.assert_allclose(d, -k * lr * g, rtol=1e-4, atol=1e-8)
-  for d, g in zip(jax.tree.leaves(d_par), jax.tree.leaves(grads["params"])):
-    np.testing.assert_allclose(d, -lr * g, rtol=1e-4, atol=1e-8)
+  chex.assert_trees_all_close(d_mask, jax.tree.map(lambda g: -k * lr * g, grads[mp.MASK_PRIOR]), rtol=1e-4, atol=1e-8)
+  chex.assert_trees_all_close(d_par, jax.tree.map(lambda g: -lr * g, grads["params"]), rtol=1e-4, atol=1e-8)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[mp.MASK_PRIOR])) > 0
 
 
@@ -244,8 +242,7 @@ def test_benchmark_loop_data_parallel_equals_single_device():
   moved = max(float(np.abs(np.asarray(a) - np.asarray(b)[None]).max()) for a, b in
               zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(train.stack_trees(variables))))
   assert moved > 1e-3
-  for a, b in zip(jax.tree.leaves(runs["single"]), jax.tree.leaves(runs["mesh"])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(runs["single"], runs["mesh"], rtol=1e-5, atol=1e-6)
 
 
 @x64()
@@ -267,8 +264,7 @@ def test_fsdp_sharded_step_equals_replicated_step():
   for i in range(3):
     a, _ = fsdp(a, _batch(i, 32))
     b, _ = repl(b, _batch(i, 32))
-  for x, y in zip(jax.tree.leaves(a.variables), jax.tree.leaves(b.variables)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(jax.device_get(a.variables), jax.device_get(b.variables), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 7),
@@ -342,8 +338,7 @@ def test_batches_drawn_on_the_device_equal_the_same_batches_fed_from_the_host():
     assert metrics["loss"].shape == (2, 2) and int(state.step[0]) == 4
     # atol: leaves whose gradient is zero up to float64 rounding (~1e-16) still move by up to
     # lr * g / adam_eps = 1e-2 * 1e-16 / 1e-8 = 1e-10 per step, so they may differ by ~1e-9 after 4 steps.
-    for a, b in zip(jax.tree.leaves(expected.variables), jax.tree.leaves(state.variables)):
-      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-9, atol=1e-8)
+    chex.assert_trees_all_close(jax.device_get(state.variables), jax.device_get(expected.variables), rtol=1e-9, atol=1e-8)
 
 
 def test_device_batches_resume_bit_for_bit(tmp_path):
@@ -400,22 +395,16 @@ def test_loop_asks_a_part_taking_batch_fn_for_this_process_rows_only_with_a_mesh
 
 def test_a_loop_starts_every_runs_state_in_one_program():
   """train_seeds builds its runs' initial states (optimizer zeros, keys, the stacking) in one
-  compiled program, not a small program per leaf shape, and each equals `create_state`'s."""
+  compiled program (`loop._initial_states`), not a small program per leaf shape, and each state
+  equals `create_state`'s."""
   from maskprior_jax.bench import compiles
   from maskprior_jax.train import loop as loop_lib
   model = Transformer(vocab_size=2, dim=24, depth=1, num_heads=2, mlp_dim=32, max_len=6)   # a width no other test compiles
   tx = mp.mask_prior_optimizer(1e-2)
   variables = [model.init(jax.random.key(s), jnp.zeros((1, 6), jnp.int32)) for s in (0, 1, 2)]
-  def batch_fn(step, keys, part=(0, 1)):
-    return {k: np.stack([v] * len(keys)) for k, v in _batch(step).items()}
+  keys = tuple(jax.random.key_data(jax.random.key(s)) for s in (0, 1, 2))
   with compiles.counted() as c:
-    state, _ = train.train_seeds(
-        loss_fn=_loss_fn(model), tx=tx, variables=variables, seeds=[0, 1, 2], batches=batch_fn,
-        settings=train.LoopSettings(steps=1, batch_size=16, steps_per_call=1, eval_every=1, parallel="off"),
-        eval_fn=lambda s, v: {"n": np.zeros(3)}, label="start")
-  assert c.names.get("jit(_initial_states)") == 1, c.names
-  small = {n for n in c.names if n in ("jit(stack)", "jit(broadcast_in_dim)", "jit(stage)", "jit(full)")}
-  assert not small, c.names
+    states = loop_lib._initial_states(tuple(variables), tx, keys)
+  assert c.names == {"jit(_initial_states)": 1}, c.names
   expected = train.stack_trees([train.create_state(v, tx, jax.random.key(s)) for v, s in zip(variables, (0, 1, 2))])
-  chex.assert_trees_all_equal(jax.device_get(loop_lib._initial_states(
-      tuple(variables), tx, tuple(jax.random.key_data(jax.random.key(s)) for s in (0, 1, 2)))), jax.device_get(expected))
+  chex.assert_trees_all_equal(jax.device_get(states), jax.device_get(expected))
