@@ -382,8 +382,10 @@ def test_the_evaluation_in_chunks_gives_the_one_call_values():
 def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp_path):
   """`--config.model.dtype=bfloat16`: the Boolean default computes in bfloat16 (matrix products in
   bfloat16) with float32 parameters, mask prior and outputs, fits its seen domain as the float32
-  default does (seen MSE under the fit threshold, 1% of f's variance there, for vanilla and mask), and
-  results.json records the dtype."""
+  default does (seen MSE under the fit threshold, 1% of f's variance there), and results.json records
+  the dtype. The fit is the mask method's (vanilla's model is the mask's without its bias, and a
+  second 2,000-step bfloat16 run emulated on a CPU costs a minute of CI); both models' programs are
+  checked to compute in bfloat16."""
   import json
   import subprocess
   import sys
@@ -395,13 +397,14 @@ def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp
   from maskprior_jax.bench.config import apply_overrides, builtin_config
   cfg = apply_overrides(builtin_config("boolean"), ["--config.model.dtype=bfloat16"])
   bench = BR.BooleanTask(BR.headline_tasks(cfg)["f2_2parity"], cfg)
-  model = bench.model("mask")
-  v = model.init(jax.random.key(0), bench.sample_input)
-  assert {a.dtype for a in jax.tree.leaves(v)} == {jnp.dtype(jnp.float32)}
-  jaxpr = str(jax.make_jaxpr(lambda v: model.apply(v, bench.sample_input))(v))
-  assert "bf16[" in jaxpr and model.apply(v, bench.sample_input).dtype == jnp.float32
+  for method in ("vanilla", "mask"):
+    model = bench.model(method)
+    v = model.init(jax.random.key(0), bench.sample_input)
+    assert {a.dtype for a in jax.tree.leaves(v)} == {jnp.dtype(jnp.float32)}
+    jaxpr = str(jax.make_jaxpr(lambda v: model.apply(v, bench.sample_input))(v))
+    assert "bf16[" in jaxpr and model.apply(v, bench.sample_input).dtype == jnp.float32
   out = subprocess.run([sys.executable, "-m", "maskprior_jax.bench.cli", "boolean", "--task", "f2", "--methods",
-                        "vanilla,mask", "--seeds", "1", "--workdir", str(tmp_path / "run"),
+                        "mask", "--seeds", "1", "--workdir", str(tmp_path / "run"),
                         "--config.model.dtype=bfloat16", "--config.eval.every_steps=2000"],   # evaluated at the end
                        capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": xla_flags(flags=DEFAULT_XLA)})
   # (a fit, under the compiler settings users run: its 2000 steps take longer than its compiles)
@@ -409,7 +412,7 @@ def test_a_bfloat16_boolean_run_fits_its_seen_domain_with_float32_parameters(tmp
   res = json.loads((tmp_path / "run" / "results.json").read_text())
   assert res["attention"]["dtype"] == "bfloat16"
   threshold = res["fit_threshold_seen_mse"]
-  assert [(r["method"], r["fitted"]) for r in res["runs"]] == [("vanilla", True), ("mask", True)]
+  assert [(r["method"], r["fitted"]) for r in res["runs"]] == [("mask", True)]
   assert all(r["seen_mse"] <= threshold for r in res["runs"])
 
 
