@@ -44,6 +44,29 @@ def test_a_gs_folder_without_the_gcs_extra_is_one_line_naming_the_extra(command)
   assert "gs://bucket/run" in lines[0] and "gcsfs" in lines[0] and "maskprior-jax[gcs]" in lines[0], lines
 
 
+@pytest.mark.parametrize("case", ["no credentials", "unreachable"])
+def test_a_gs_folder_without_credentials_or_service_is_one_line_before_any_work(case, tmp_path):
+  """With gcsfs installed: no credentials anywhere (no key file, no gcloud login, not on Google
+  Cloud), or Cloud Storage unreachable (here an emulator address with nothing listening), stop the
+  command within seconds with one line naming the folder, the cause and what to do, status 2."""
+  if importlib.util.find_spec("gcsfs") is None:
+    pytest.skip("the gcs extra is not installed")
+  env = {k: v for k, v in os.environ.items() if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST")}
+  env.update(HOME=str(tmp_path), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), NO_GCE_CHECK="true", JAX_PLATFORMS="cpu")
+  if case == "unreachable":
+    env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{free_port()}"
+  start = time.time()
+  out = subprocess.run([*CLI, "boolean", "--task", "f2", "--workdir", "gs://bucket/run"], capture_output=True,
+                       text=True, timeout=120, env=env)
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+  assert lines[0].startswith("maskprior: error: --workdir gs://bucket/run: "), lines
+  assert ("gcloud auth application-default login" if case == "no credentials" else
+          "cannot reach Cloud Storage at http://127.0.0.1:") in lines[0], lines
+  assert time.time() - start < 60
+
+
 def test_a_lock_record_on_cloud_storage_holds_while_its_holder_runs():
   """The rules that decide whether a record left on cloud storage still holds its folder."""
   host, now = socket.gethostname(), time.time()
@@ -195,3 +218,67 @@ def test_a_damaged_gs_results_file_is_set_aside_and_rebuilt_from_the_checkpoint(
   aside = [p for p in fs.ls("runs/b", detail=False) if pathlib.PurePosixPath(p).name.startswith("results.json.damaged-")]
   assert len(aside) == 1 and fs.cat(aside[0]) == data[: len(data) // 2]   # nothing deleted
   assert _digests(json.loads(fs.cat("runs/b/results.json"))) == local_reference
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gcs")
+def test_a_missing_bucket_is_one_line_and_creates_nothing(gcs):
+  """gs://absent/run, a bucket the emulator does not have: one line naming the bucket and the
+  command that creates it, status 2, within seconds; no bucket or object appears."""
+  fs = _fs(gcs)
+  before = sorted(fs.find("runs"))
+  start = time.time()
+  out = _run(gcs, "gs://absent/run")
+  assert out.returncode == 2, out.stderr[-3000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and "bucket gs://absent does not exist" in lines[0], out.stderr[-3000:]
+  assert "gcloud storage buckets create gs://absent" in lines[0] and lines[0].count("gs://absent/run") == 1
+  assert time.time() - start < 60
+  fs.invalidate_cache()
+  assert [b.rstrip("/") for b in fs.ls("")] == ["runs"] and sorted(fs.find("runs")) == before
+
+
+_RACER = """
+import sys, time
+from maskprior_jax.bench import workdir as W
+start, races, me = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+held = []
+for i in range(races):
+  time.sleep(max(0.0, start + 0.25 * i - time.time()))
+  try:
+    held.append(W.WorkdirLock(f"gs://runs/race/{i}", me).acquire())
+    print(i, "won", flush=True)
+  except W.WorkdirBusy as e:
+    print(i, "busy", str(e).replace(chr(10), " "), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gcs")
+def test_two_commands_racing_for_a_gs_folder_leave_exactly_one_holder(gcs):
+  """50 races of two processes taking the same gs:// folder at the same moment (each race on a
+  folder of its own, both processes waking at one clock time): in every race exactly one takes
+  it and the other stops naming it. Half the folders start with a released (empty) record, which
+  both then try to replace at the generation they read."""
+  races = 50
+  fs = _fs(gcs)
+  for i in range(0, races, 2):
+    fs.pipe(f"runs/race/{i}/{W.LOCK_NAME}", b"")
+  start = time.time() + 5
+  procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(start), str(races), name], env=gcs,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("left", "right")]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+  seen = {}
+  for (out, _), name in zip(outs, ("left", "right")):
+    for line in out.splitlines():
+      i, what, *rest = line.split(" ", 2)
+      seen.setdefault(int(i), {})[name] = (what, " ".join(rest))
+  assert sorted(seen) == list(range(races))
+  for i, got in seen.items():
+    assert sorted(w for w, _ in got.values()) == ["busy", "won"], (i, got)
+    winner = next(n for n, (w, _) in got.items() if w == "won")
+    loser_line = next(text for n, (w, text) in got.items() if w == "busy")
+    assert f": {winner})" in loser_line, (i, got)
+    fs.invalidate_cache()
+    assert json.loads(fs.cat(f"runs/race/{i}/{W.LOCK_NAME}"))["command"] == winner

@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 from etils import epath
 
-from maskprior_jax.paths import StorageError, check_storage as check_path, is_local, path
+from maskprior_jax.paths import StorageError, check_reachable, check_storage as check_path, is_local, path
 
 __all__ = ["LOCK_NAME", "StorageError", "WorkdirBusy", "WorkdirLock", "check_storage", "is_local", "path",
-           "read_json", "read_jsonl", "reason", "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
+           "kept", "read_json", "read_jsonl", "reason", "set_aside", "write_figure", "write_json", "write_jsonl", "write_text"]
 
 LOCK_NAME = ".maskprior.lock"
 REMOTE_REFRESH_S = 30   # on cloud storage, the lock's holder rewrites its record this often
@@ -62,12 +62,16 @@ class WorkdirLock:
   def __init__(self, workdir: str | os.PathLike, command: str, stream=None):
     self.path = path(workdir) / LOCK_NAME
     self.command, self.stream, self.fd, self.remote = command, stream or sys.stderr, None, False
+    self._object = None
 
   def _record(self) -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": self.command, "refreshed": time.time(), "token": os.urandom(8).hex()}
 
   def _acquire_remote(self) -> "WorkdirLock":
+    record = _GcsObject.of(self.path)
+    if record is not None:
+      return self._acquire_by_generation(record)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     left = _parse_holder(self.path.read_bytes()) if self.path.exists() else {}
     if left:
@@ -89,12 +93,47 @@ class WorkdirLock:
     threading.Thread(target=self._refresh, args=(mine,), daemon=True).start()
     return self
 
+  def _acquire_by_generation(self, obj: "_GcsObject") -> "WorkdirLock":
+    """Cloud Storage: the record is created only where none exists (`ifGenerationMatch=0`), and one
+    left by a released or stale holder is replaced only at the generation that was read, so of two
+    commands that race exactly one's write succeeds; the other stops naming the winner."""
+    mine = self._record()
+    try:
+      obj.write(json.dumps(mine), 0)
+    except FileExistsError:
+      left, generation = obj.read()
+      if left:
+        running = _still_running(left)
+        if running:
+          raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(left)}; {running}; wait for it to "
+                            "finish, or use another --workdir") from None
+        print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, which no longer runs "
+              f"(no process {left.get('pid')} on this host, or its record not refreshed for {REMOTE_STALE_S} s); "
+              "taking it over", file=self.stream)
+      try:
+        obj.write(json.dumps(mine), generation)
+      except FileExistsError:
+        raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(obj.read()[0])}, which took it at the "
+                          "same moment; wait for it to finish, or use another --workdir") from None
+    self.remote, self._stop, self._object = True, threading.Event(), obj
+    threading.Thread(target=self._refresh, args=(mine,), daemon=True).start()
+    return self
+
   def _refresh(self, record: dict) -> None:
     """Rewrite the record every REMOTE_REFRESH_S seconds while the lock is held: a record older
-    than REMOTE_STALE_S belongs to a command that no longer runs."""
+    than REMOTE_STALE_S belongs to a command that no longer runs. On Cloud Storage only the
+    generation this command wrote is replaced: a record another command wrote is left to it."""
     while not self._stop.wait(REMOTE_REFRESH_S):
+      text = json.dumps({**record, "refreshed": time.time()})
       try:
-        self.path.write_text(json.dumps({**record, "refreshed": time.time()}))
+        if self._object is None:
+          self.path.write_text(text)
+        else:
+          self._object.write(text, self._object.generation)
+      except FileExistsError:
+        print(f"maskprior: warning: another command took over {self.path.parent} (this one's lock record was "
+              f"not refreshed for {REMOTE_STALE_S} s); stop one of them", file=self.stream)
+        return
       except OSError:   # storage unreachable for a moment: the next refresh tries again
         continue
 
@@ -126,7 +165,10 @@ class WorkdirLock:
   def release(self) -> None:
     if self.remote:
       self._stop.set()
-      self.path.write_text("")   # an empty record: released cleanly
+      try:   # an empty record: released cleanly (on Cloud Storage, only the record this command wrote)
+        self.path.write_text("") if self._object is None else self._object.write("", self._object.generation)
+      except FileExistsError:
+        pass
       self.remote = False
     if self.fd is None:
       return
@@ -141,6 +183,47 @@ class WorkdirLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+class _GcsObject:
+  """One object on Cloud Storage written under generation preconditions (gcsfs's JSON API), the
+  way Cloud Storage makes a create or a replace atomic."""
+
+  def __init__(self, fs, p: epath.Path):
+    self.fs, self.generation = fs, None
+    self.bucket, _, self.key = os.fspath(p)[len("gs://"):].partition("/")
+
+  @classmethod
+  def of(cls, p: epath.Path) -> "_GcsObject | None":
+    """For a gs:// path that gcsfs serves; None otherwise (another store, or a stand-in file system)."""
+    if not os.fspath(p).startswith("gs://"):
+      return None
+    try:
+      import fsspec
+      import gcsfs
+    except ImportError:
+      return None
+    fs = fsspec.filesystem("gs")
+    return cls(fs, p) if isinstance(fs, gcsfs.GCSFileSystem) else None
+
+  def read(self) -> tuple[dict, int]:
+    """The record and its generation ({} for an empty record; generation 0 where there is none)."""
+    try:
+      headers, data = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key, alt="media")
+    except FileNotFoundError:
+      return {}, 0
+    return _parse_holder(data), int(headers.get("X-Goog-Generation") or headers.get("x-goog-generation"))
+
+  def write(self, text: str, if_generation: int) -> None:
+    """Write the object only where its generation is `if_generation` (0: only where it does not
+    exist); FileExistsError (HTTP 412) otherwise. Remembers the generation written."""
+    meta = json.dumps({"name": self.key})
+    body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
+            f"Content-Type: application/json\n\n{text}\n--==0==--").encode()
+    out = self.fs.call("POST", f"{self.fs._location}/upload/storage/v1/b/{self.bucket}/o", uploadType="multipart",
+                       headers={"Content-Type": 'multipart/related; boundary="==0=="'}, data=body, json_out=True,
+                       ifGenerationMatch=str(if_generation))
+    self.generation = int(out["generation"])
 
 
 def _still_running(holder: dict) -> str:
@@ -239,12 +322,39 @@ def write_figure(fig, p: str | os.PathLike, dpi: int = 110) -> None:
 
 def check_storage(args) -> None:
   """Every cloud folder a command names (its --workdir; report's folders, --out and --markdown)
-  can be opened here: a `paths.StorageError` naming the missing package otherwise, before any work."""
+  can be opened here, and a benchmark's gs:// run folder can be written (`paths.check_reachable`):
+  a `paths.StorageError` in one line otherwise, before any work."""
   named = [("a run folder", d) for d in args.dirs] + [("--out", args.out), ("--markdown", args.markdown)] \
       if args.command == "report" else [("--workdir", getattr(args, "workdir", None))]
   for flag, value in named:
     if value:
       check_path(value, flag)
+  if args.command not in ("report", "compile") and getattr(args, "workdir", None):
+    check_reachable(args.workdir)   # a run folder on Cloud Storage: credentials, bucket, write access
+
+
+def kept(workdir: str | os.PathLike, full_disk: bool = False) -> str:
+  """What a run folder holds after a failure, for the command's last line: its finished runs and
+  its newest checkpoint step, or that it holds neither; with `full_disk`, the space a rerun needs
+  free (the newest checkpoint's size). "" where the folder cannot be read."""
+  try:
+    p = path(workdir)
+    if not p.exists():
+      return "nothing was written"
+    runs = sum(len((read_json(r, move=False) or {}).get("runs", []))   # a folder, or a folder of tasks'
+               for r in [p / "results.json", *p.glob("*/results.json")])
+    steps = [d for pattern in ("checkpoints/*/*/*", "*/checkpoints/*/*/*") for d in p.glob(pattern) if d.name.isdigit()]
+    newest = max(steps, key=lambda d: int(d.name)) if steps else None
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(newest) for f in files) \
+        if newest is not None and full_disk and is_local(newest) else 0
+  except (OSError, ValueError, NotImplementedError):
+    return ""
+  parts = ([f"{runs} finished run{'s' * (runs != 1)}"] if runs else []) + \
+      ([f"the checkpoint at step {newest.name}"] if newest else [])
+  text = "kept: " + " and ".join(parts) if parts else "no run had finished and no checkpoint was saved"
+  if size:
+    text += f"; free at least {max(size / 2**20, 0.1):.1f} MiB (the last checkpoint's size) and rerun to resume"
+  return text
 
 
 def set_aside(p: str | os.PathLike, why: str, stream=None) -> epath.Path:
