@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from cli_args import SMALL_BOOLEAN, SMALL_MODEL, xla_flags
+from cli_args import SMALL_BOOLEAN, xla_flags
 
 from maskprior_jax.bench import cli
 from maskprior_jax.bench import workdir as W
@@ -165,24 +165,30 @@ def test_two_commands_on_one_folder_the_second_stops_naming_the_holder(reference
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_one_line_and_keeps_what_was_finished(tmp_path):
-  """A 1 MiB tmpfs (needs the right to mount one; skipped otherwise): the run stops with one
-  line of its own, and whatever was finished before stays readable."""
+def test_a_full_disk_is_one_line_naming_what_is_kept_and_the_rerun_resumes_exactly(reference, tmp_path):
+  """A 400 KiB tmpfs (needs the right to mount one; skipped otherwise): the step-50 checkpoint
+  (about 0.2 MiB) fits, the step-100 one does not. The run stops, status 2, its last line naming the
+  folder, the checkpoint kept and the space to free; the files finished before stay readable. With
+  the space grown, the same command resumes from step 50 and ends on the uninterrupted run's state."""
   disk = tmp_path / "disk"
   disk.mkdir()
-  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], capture_output=True).returncode:
     pytest.skip("cannot mount a small tmpfs here")
   try:
-    # The benchmark's own model (its checkpoints fill 1 MiB; the small model's would fit).
-    out = _run(disk / "run", args=[a for a in ARGS if a not in SMALL_MODEL])
+    out = _run(disk / "run")
     assert out.returncode == 2, out.stderr
     # orbax logs its save thread's failure itself (absl ERROR with a trace); the command's own
     # report is its last line, naming the reason and the folder
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("maskprior: error: No space left on device") and str(disk) in last, out.stderr[-2000:]
+    assert "kept: the checkpoint at step 50; free at least " in last and "MiB" in last, last
     for name in FILES:
       path = disk / "run" / name
       if path.exists():
         json.loads(path.read_text()) if name != "metrics.jsonl" else W.read_jsonl(path, move=False)
+    assert subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], capture_output=True).returncode == 0
+    again = _run(disk / "run")
+    assert again.returncode == 0 and "resumed from the checkpoint at step 50" in again.stderr, again.stderr[-2000:]
+    assert _digests(disk / "run") == reference[1]
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)

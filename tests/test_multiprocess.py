@@ -246,7 +246,8 @@ LOST_BOUND_S = 10 + 15
 
 
 @pytest.mark.xdist_group("multiprocess_lost")
-@pytest.mark.parametrize("fault,victim", [("compile", 1), ("step:3", 0), ("eval:2", 1), ("save:2", 0)])
+@pytest.mark.parametrize("fault,victim", [("compile", 1), ("step:3", 0), ("eval:2", 1), ("save:2", 0),
+                                          ("step:3:raise", 1)])
 def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_the_rerun_is_exact(
     shared_run, tmp_path, fault, victim):
   """One of two processes dies of SIGKILL (compile: before the first compiled call; step:3: mid-
@@ -257,7 +258,9 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
   run's states. The rerun is one process over the same 4 devices: with the ordered reduction the
   states do not depend on the process layout (test_ordered_run_killed_in_two_processes_resumes_in_one),
   so it checks what the lost process left on disk at each point; rerunning both commands after an
-  interruption is checked by the SLURM test."""
+  interruption is checked by the SLURM test. `step:3:raise`: an exception instead (a bug in one
+  process): that process prints its traceback and ends at once with status 1, not in JAX's
+  shutdown barrier, and the other reports it lost as above."""
   from maskprior_jax.bench import supervise
   one_process = _one_process(shared_run, "ordered")
   procs = _two_with_fault(tmp_path, free_port(), victim, fault)
@@ -266,8 +269,12 @@ def test_a_process_killed_at_each_fault_point_ends_the_other_with_one_line_and_t
   survivor = procs[1 - victim]
   out, err = survivor.communicate(timeout=300)
   waited = time.monotonic() - lost_at
-  procs[victim].communicate()
-  assert procs[victim].returncode == -9
+  _, victim_err = procs[victim].communicate()
+  if fault.endswith(":raise"):
+    assert procs[victim].returncode == 1, victim_err[-3000:]
+    assert "Traceback" in victim_err and "InjectedFault: injected fault at step:3" in victim_err, victim_err[-3000:]
+  else:
+    assert procs[victim].returncode == -9
   assert survivor.returncode == supervise.LOST_PROCESS, err[-3000:]
   assert waited < LOST_BOUND_S, waited
   assert "Check failure stack trace" not in err and "    @ " not in err and "Traceback" not in err, err[-3000:]

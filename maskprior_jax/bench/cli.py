@@ -6,6 +6,7 @@ unknown method, a workdir holding another run) are one line on stderr, exit stat
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import sys
@@ -182,8 +183,8 @@ def _dispatch(args, as_program: bool) -> int:
   except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
     supervise.await_lost_process()
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-    print(f"maskprior: error: {e.strerror or e}{where}; finished runs and the last checkpoint are kept",
-          file=sys.stderr)
+    held = workdir_lib.kept(args.workdir, e.errno == errno.ENOSPC) if args.command in BENCHMARKS else ""
+    print(f"maskprior: error: {e.strerror or e}{where}" + (f"; {held}" if held else ""), file=sys.stderr)
     if as_program:
       sys.stdout.flush()
       sys.stderr.flush()
@@ -193,8 +194,8 @@ def _dispatch(args, as_program: bool) -> int:
     print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
           file=sys.stderr)
     return 130
-  except Exception:
-    supervise.await_lost_process()
+  except Exception as e:
+    supervise.end_child_on(e)   # a watched child ends here, at once, with its traceback
     raise
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 
 __all__ = ["LOST_PROCESS", "CHILD_ENV", "start_processes", "wanted", "supervise", "in_child", "child_exit",
-           "await_lost_process", "lost_process", "checkpoint_steps"]
+           "await_lost_process", "end_child_on", "lost_process", "checkpoint_steps"]
 
 LOST_PROCESS = 75
 CHILD_ENV = "MASKPRIOR_SUPERVISED"
@@ -87,6 +87,24 @@ def await_lost_process() -> None:
   if in_child():
     from maskprior_jax import distributed
     time.sleep(distributed.heartbeat_timeout() + 5)
+
+
+def end_child_on(e: BaseException) -> None:
+  """In a watched child, an exception the command does not report in a line of its own: print its
+  traceback and end the process now (status 1), not through Python's exit, whose JAX shutdown
+  barrier waits for the other processes (they report this one as lost within their heartbeat
+  timeout). An error from JAX's runtime may be the first sign of another process lost: for that
+  one, wait as `await_lost_process` does first. Elsewhere, returns (the caller re-raises)."""
+  if not in_child():
+    return
+  import traceback
+  from jax.errors import JaxRuntimeError
+  if isinstance(e, JaxRuntimeError):
+    await_lost_process()
+  traceback.print_exception(e)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(1)
 
 
 def lost_process(report: str) -> tuple[str, str] | None:
