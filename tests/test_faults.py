@@ -177,11 +177,15 @@ def test_a_full_disk_is_one_line_naming_what_is_kept_and_the_rerun_resumes_exact
   try:
     out = _run(disk / "run")
     assert out.returncode == 2, out.stderr
-    # orbax logs its save thread's failure itself (absl ERROR with a trace); the command's own
-    # report is its last line, naming the reason and the folder
+    # orbax's save threads report the failure themselves (absl ERROR lines, tracebacks): into the
+    # log file the command's line names, not onto the screen, where the line is the last one
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("maskprior: error: No space left on device") and str(disk) in last, out.stderr[-2000:]
     assert "kept: the checkpoint at step 50; free at least " in last and "MiB" in last, last
+    assert "Traceback" not in out.stderr and "ERROR" not in out.stderr and len(out.stderr.splitlines()) <= 5, out.stderr
+    logged = last.split("(the libraries' messages: ")[1].rstrip(")")
+    assert "Traceback" in pathlib.Path(logged).read_text()   # what orbax's threads printed
+    pathlib.Path(logged).unlink()
     for name in FILES:
       path = disk / "run" / name
       if path.exists():
@@ -192,3 +196,34 @@ def test_a_full_disk_is_one_line_naming_what_is_kept_and_the_rerun_resumes_exact
     assert _digests(disk / "run") == reference[1]
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+_LIBRARY_LOG = """
+import os, sys, threading
+from maskprior_jax.bench import console
+log = console.LibraryLog("maskprior boolean --task f2")
+print("maskprior: the command's own line", file=console.screen())
+print("WARNING:absl:a library's Python-level message", file=sys.stderr)
+os.write(2, b"E0101 00:00:00.000000 1 client.cc:1] a C++ log line\\n")
+thread = threading.Thread(target=lambda: 1 / 0)   # a background thread's traceback
+thread.start()
+thread.join()
+print(log.settle(sys.argv[1]), file=console.screen())
+print("after settling", file=sys.stderr)
+"""
+
+
+def test_the_libraries_output_goes_to_the_run_folders_log_and_the_commands_own_lines_to_the_screen(tmp_path):
+  """console.LibraryLog, which a benchmark command run as a program starts: Python's stderr, C++
+  writes to file descriptor 2 and background threads' tracebacks land in <workdir>/maskprior.log
+  (under a header naming the command, also after it is settled there); the screen shows only the
+  command's own lines."""
+  out = subprocess.run([sys.executable, "-c", _LIBRARY_LOG, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr
+  log = tmp_path / "maskprior.log"
+  assert out.stderr.splitlines() == ["maskprior: the command's own line", str(log)], out.stderr
+  text = log.read_text()
+  assert text.startswith("--- ") and "maskprior boolean --task f2\n" in text.splitlines()[0] + "\n"
+  for line in ("a library's Python-level message", "a C++ log line", "ZeroDivisionError", "after settling"):
+    assert line in text, (line, text)

@@ -6,16 +6,15 @@ unknown method, a workdir holding another run) are one line on stderr, exit stat
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import sys
 
 from maskprior_jax.bench.args import SEEDS_HELP, exploration_seeds, parse_list, parse_seeds
-from maskprior_jax.bench import compiles, config as config_lib, console, supervise, workdir as workdir_lib
-from maskprior_jax.bench.config import ConfigError, UsageError, apply_overrides
-from maskprior_jax.bench.results import BENCHMARKS, ReportError, open_workdir
-from maskprior_jax.bench.workdir import WorkdirBusy, reason
+from maskprior_jax.bench import compiles, config as config_lib, console, failures, supervise, workdir as workdir_lib
+from maskprior_jax.bench.config import UsageError, apply_overrides
+from maskprior_jax.bench.results import BENCHMARKS, open_workdir
+from maskprior_jax.bench.workdir import reason
 __all__ = ["main", "build_parser", "parse_seeds", "exploration_seeds", "UsageError"]
 
 
@@ -67,7 +66,7 @@ def _report(args) -> int:
   if not loaded:
     raise UsageError("; ".join(damaged) + "; nothing else to report")
   for line in damaged:
-    print(f"maskprior: warning: {line}; skipped", file=sys.stderr)
+    print(f"maskprior: warning: {line}; skipped", file=console.screen())
   for path, res in loaded:
     if res.get("benchmark") not in BENCHMARKS:
       raise UsageError(f"{path} names no benchmark ({', '.join(BENCHMARKS)}); it was not written by maskprior")
@@ -116,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     _benchmark_flags(p, name, command)
     p.add_argument("--workdir", default=f"runs/{name}", help="run folder; a rerun continues there (default: %(default)s)")
     p.add_argument("--fresh", action="store_true", help="delete what the workdir holds and start over (default: off)")
+    p.add_argument("--verbose", action="store_true", help="show the libraries' own messages (XLA, absl, orbax, "
+                   "tracebacks of background threads) as they come, instead of in <workdir>/maskprior.log "
+                   "(default: off; also MASKPRIOR_RUNTIME_LOG=1)")
     compiles.add_flag(p)
     g = p.add_argument_group("several processes (JAX's distributed runtime)")
     g.add_argument("--distributed", default="auto", choices=["auto", "on", "off"],
@@ -155,48 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     what = "" if isinstance(e, workdir_lib.StorageError) else "cannot start the distributed runtime: "
     print(f"maskprior: error: {what}{e}", file=sys.stderr)
     return 2
-  return supervise.child_exit(_dispatch(args, as_program)) if as_program else _dispatch(args, as_program)
-
-
-def _dispatch(args, as_program: bool) -> int:
-  """Run the subcommand; the errors a user can cause become one line and an exit status."""
-  from maskprior_jax.bench.arithmetic.tasks import DataError
-  from maskprior_jax.bench.boolean.tasks import TaskSpecError
-  from maskprior_jax.bench.data import DataError as DatasetError
-  from maskprior_jax.checkpoint import Preempted
-  from maskprior_jax.train import NonFiniteLoss
-  try:
-    return args.fn(args)
-  except (ConfigError, UsageError, TaskSpecError, DataError, DatasetError, ReportError, WorkdirBusy) as e:
-    print(f"maskprior: error: {e}", file=sys.stderr)
-    return 2
-  except NonFiniteLoss as e:
-    print(f"maskprior: error: {e}", file=sys.stderr)
-    return 1
-  except Preempted as e:
-    print(f"maskprior: {e}", file=sys.stderr)
-    return 143
-  except BrokenPipeError:   # the output's reader went away (`maskprior report DIR | head`): stop quietly
-    if as_program:
-      console.to_devnull(sys.stdout.fileno())
-    return 1
-  except OSError as e:   # disk full, permissions, a path that became a file: the last checkpoint stays
-    supervise.await_lost_process()
-    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-    held = workdir_lib.kept(args.workdir, e.errno == errno.ENOSPC) if args.command in BENCHMARKS else ""
-    print(f"maskprior: error: {e.strerror or e}{where}" + (f"; {held}" if held else ""), file=sys.stderr)
-    if as_program:
-      sys.stdout.flush()
-      sys.stderr.flush()
-      console.to_devnull(sys.stderr.fileno())
-    return 2
-  except KeyboardInterrupt:
-    print("maskprior: interrupted; finished methods are saved, rerun the same command to continue",
-          file=sys.stderr)
-    return 130
-  except Exception as e:
-    supervise.end_child_on(e)   # a watched child ends here, at once, with its traceback
-    raise
+  return supervise.child_exit(failures.dispatch(args, as_program)) if as_program else failures.dispatch(args, as_program)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,64 @@ import sys
 import textwrap
 
 
+_SCREEN = None   # the terminal's stderr while the libraries' output goes to a log file (LibraryLog)
+LOG_NAME = "maskprior.log"
+
+
+def screen():
+  """Where the command's own lines go: stderr as it was when the command started, also while the
+  libraries' output is routed to a log file (`LibraryLog`); else whatever `sys.stderr` is now."""
+  return _SCREEN or sys.stderr
+
+
+class LibraryLog:
+  """The libraries' own output off the screen: from construction on, file descriptor 2 (and so
+  `sys.stderr`, the C++ logs of XLA, absl and tensorstore, Python's logging, background threads'
+  tracebacks) goes to a log file, while the command's own lines go to the screen (`screen()`).
+  `settle(workdir)` moves what was logged into `<workdir>/maskprior.log` (appended, under a header
+  naming the command) where that folder exists on this disk, else leaves it in the temp folder,
+  and returns its path ("" when nothing was logged); output after that lands there too."""
+
+  def __init__(self, command: str):
+    import tempfile
+    import time
+    global _SCREEN
+    fd, self.path = tempfile.mkstemp(prefix="maskprior-", suffix=".log")
+    self.header, self.settled = f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {command}\n", False
+    sys.stderr.flush()
+    screen_fd = os.dup(2)
+    _SCREEN = io.TextIOWrapper(io.FileIO(screen_fd, "w"), line_buffering=True, write_through=True,
+                               errors="backslashreplace")
+    os.dup2(fd, 2)
+    os.close(fd)
+
+  def settle(self, workdir) -> str:
+    sys.stderr.flush()
+    if self.settled or not os.path.getsize(self.path):
+      return self.path if self.settled else ""
+    from maskprior_jax.paths import is_local
+    if workdir is None or not is_local(workdir) or not os.path.isdir(workdir):
+      return self.path
+    dest = os.path.join(os.fspath(workdir), LOG_NAME)
+    try:
+      with open(dest, "a") as out, open(self.path) as logged:
+        out.write(self.header + logged.read())
+      fd = os.open(dest, os.O_WRONLY | os.O_APPEND)
+    except OSError:   # (a full disk): it stays where it is
+      return self.path
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.unlink(self.path)
+    self.path, self.settled = dest, True
+    return dest
+
+
 class _StderrHandler(logging.StreamHandler):
-  """Writes to whatever `sys.stderr` is when a record comes (pytest's capture, a redirected stream)."""
+  """Writes to whatever `screen()` is when a record comes (pytest's capture, a redirected stream)."""
 
   @property
   def stream(self):
-    return sys.stderr
+    return screen()
 
   @stream.setter
   def stream(self, value):

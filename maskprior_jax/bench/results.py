@@ -11,13 +11,13 @@ import dataclasses
 import json
 import os
 import platform
-import sys
 import time
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
+from maskprior_jax.bench import console
 from maskprior_jax.bench import workdir as workdir_lib
 from maskprior_jax import distributed
 from maskprior_jax.distributed import barrier, is_main_process
@@ -387,7 +387,7 @@ class RunProgress:
   ETA from the mean time of the runs trained so far (runs found finished count as done, in no time)."""
 
   def __init__(self, total: int, label: str = "", stream=None):
-    self.total, self.label, self.stream = total, label, stream or sys.stderr
+    self.total, self.label, self.stream = total, label, stream or console.screen()
     self.trained = self.skipped = 0
     self.t0 = time.perf_counter()
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from typing import Any, Callable
 
 from etils import epath
 
+from maskprior_jax.bench import console
 from maskprior_jax.paths import StorageError, check_reachable, check_storage as check_path, is_local, path
 
 __all__ = ["LOCK_NAME", "StorageError", "WorkdirBusy", "WorkdirLock", "check_storage", "is_local", "path",
@@ -61,7 +61,7 @@ class WorkdirLock:
 
   def __init__(self, workdir: str | os.PathLike, command: str, stream=None):
     self.path = path(workdir) / LOCK_NAME
-    self.command, self.stream, self.fd, self.remote = command, stream or sys.stderr, None, False
+    self.command, self.stream, self.fd, self.remote = command, stream or console.screen(), None, False
     self._object = None
 
   def _record(self) -> dict:
@@ -367,7 +367,7 @@ def set_aside(p: str | os.PathLike, why: str, stream=None) -> epath.Path:
     aside.write_bytes(p.read_bytes())
     p.unlink()
   print(f"maskprior: warning: {p} is unreadable ({why}); moved to {aside.name}, continuing from what "
-        "is intact", file=stream or sys.stderr)
+        "is intact", file=stream or console.screen())
   return aside
 
 

@@ -9,7 +9,6 @@ same command with the same workdir skips finished methods.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Sequence
 
 import jax
@@ -17,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from maskprior_jax.bench import console
 from maskprior_jax import measure, priors, train
 from maskprior_jax.attention import MASK_PRIOR, MaskSettings
 from maskprior_jax.bench import results as results_lib
@@ -403,7 +403,7 @@ def prepare(args, cfg, methods) -> tuple[dict, list | None]:
       raise UsageError("give either --task or --target/--seen, not both")
     tasks = [boolean.custom_task(args.target, args.seen, args.n)]
     if args.n is None:
-      print(f"maskprior: note: no --n given, so n = {tasks[0].n} (the largest variable index + 1)", file=sys.stderr)
+      print(f"maskprior: note: no --n given, so n = {tasks[0].n} (the largest variable index + 1)", file=console.screen())
   elif args.task:
     tasks = [headline_tasks(cfg)[boolean.get_task(args.task).name]]
     if args.n is not None and args.n != tasks[0].n:
