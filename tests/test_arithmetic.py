@@ -142,7 +142,7 @@ def test_coupling_offset_is_drawn_in_training_and_absent_in_evaluation():
   from maskprior_jax.bench.config import apply_overrides, builtin_config
   cfg = apply_overrides(builtin_config("arithmetic"), [
       "--config.task.coupling=published", "--config.task.coupling_max_position=12", "--config.task.train_sizes=100",
-      "--config.task.test_size=100", "--config.task.val_size=50"])
+      "--config.task.test_size=100", "--config.task.val_size=50", *SMALL_MODEL])
   bench = arithmetic_run.Arithmetic(cfg, [0])
   task, base = bench.task, np.asarray(bench.task.coupling_ids("published"))
   batch = bench.host_batches(bench.runs([0]))(0, [0])
@@ -158,12 +158,12 @@ def test_coupling_offset_is_drawn_in_training_and_absent_in_evaluation():
   # evaluation (and greedy decoding) read the model's static ids: start 1
   model = bench.model("coupling")
   assert model.position_ids == task.coupling_ids("published", start=1) and model.max_len == 13
-  variables = model.init(jax.random.key(0), bench.sample_input)
+  variables = jax.jit(model.init)(jax.random.key(0), bench.sample_input)
   x = jnp.asarray(bench.test_x[:4])
-  np.testing.assert_array_equal(model.apply(variables, x),
-                                model.apply(variables, x, position_ids=jnp.broadcast_to(base, x.shape)))
+  apply = jax.jit(model.apply)   # (one program each, not an XLA compile per operation)
+  np.testing.assert_array_equal(apply(variables, x), apply(variables, x, position_ids=jnp.broadcast_to(base, x.shape)))
   # training applies the drawn ids
-  loss = bench.loss_fn(model)
+  loss = jax.jit(bench.loss_fn(model))
   shifted = {**batch, "pos": jnp.asarray(batch["pos"][0]), "x": jnp.asarray(batch["x"][0]),
              "y": jnp.asarray(batch["y"][0])}
   fixed = {**shifted, "pos": jnp.broadcast_to(jnp.asarray(base), shifted["x"].shape)}

@@ -215,15 +215,16 @@ def test_batch_stats_are_changed_by_the_model_never_by_the_optimizer():
   net = Net()
   x = _x((8, 6, 16))
   y = jnp.arange(8.0)
-  variables = net.init(jax.random.key(0), x, train_mode=False)
+  variables = jax.jit(net.init, static_argnames="train_mode")(jax.random.key(0), x, train_mode=False)
   assert set(variables) == {"params", mp.MASK_PRIOR, "batch_stats"}
   tx = mp.mask_prior_optimizer(0.1, name="adamw", weight_decay=0.5)
   # The helper: zero update on batch_stats even with a non-zero gradient and weight decay.
-  grads = jax.grad(lambda v: jnp.mean((net.apply(v, x, train_mode=False) - y) ** 2))(variables)
+  # (jitted: one XLA program each, not a compile per operation)
+  grads = jax.jit(jax.grad(lambda v: jnp.mean((net.apply(v, x, train_mode=False) - y) ** 2)))(variables)
   assert float(jnp.abs(grads["batch_stats"]["BatchNorm_0"]["mean"]).max()) > 0
-  opt_state = tx.init(variables)
+  opt_state = jax.jit(tx.init)(variables)
   assert not jax.tree.leaves(opt_state.inner_states["untouched"])      # no moments for model state
-  updates, _ = tx.update(grads, opt_state, variables)
+  updates, _ = jax.jit(tx.update)(grads, opt_state, variables)
   assert all(float(jnp.abs(u).max()) == 0 for u in jax.tree.leaves(updates["batch_stats"]))
   assert float(jnp.abs(updates["params"]["BatchNorm_0"]["scale"]).max()) > 0
 
@@ -234,10 +235,11 @@ def test_batch_stats_are_changed_by_the_model_never_by_the_optimizer():
 
   state = train.create_state(variables, tx, jax.random.key(0))
   step = train.make_train_step(loss_fn, tx, donate=False)
+  model_update = jax.jit(lambda v, x: net.apply(v, x, train_mode=True, mutable=["batch_stats"])[1]["batch_stats"])
   for i in range(3):
-    expected = net.apply(state.variables, x + i, train_mode=True, mutable=["batch_stats"])[1]["batch_stats"]
+    expected = model_update(state.variables, x + i)
     state, _ = step(state, {"x": x + i, "y": y})
-    # The model's own update: the compiled step and this eager apply may round differently by a
+    # The model's own update: the compiled step and this apply (another program) may round differently by a
     # few float32 ulps (eps = 1.2e-7); an optimizer step at lr 0.1 would move them by ~0.1.
     chex.assert_trees_all_close(state.variables["batch_stats"], expected, rtol=8 * np.finfo(np.float32).eps, atol=0)
   assert float(jnp.abs(state.variables["batch_stats"]["BatchNorm_0"]["mean"]).max()) > 0
@@ -369,15 +371,17 @@ def test_heads_folded_attention_under_vmap_computes_what_vmap_of_the_call_does()
     loss = lambda f: lambda q, k, v, b: jnp.sum(jnp.sin(f(q, k, v, b)))
     eps32 = float(jnp.finfo(jnp.float32).eps)
     tol = dict(rtol=64 * eps32, atol=64 * eps32)
+    # (each map jitted: one XLA program, not a compile per operation)
     for in_axes, b in (((0, 0, 0, 0), bias), ((0, 0, 0, None), bias[0])):
-      np.testing.assert_allclose(jax.vmap(fold, in_axes)(q, k, v, b), jax.vmap(ref, in_axes)(q, k, v, b), **tol)
-      grads = [jax.vmap(jax.grad(loss(f), argnums=(0, 1, 2, 3)), in_axes)(q, k, v, b) for f in (fold, ref)]
+      np.testing.assert_allclose(jax.jit(jax.vmap(fold, in_axes))(q, k, v, b), jax.jit(jax.vmap(ref, in_axes))(q, k, v, b),
+                                 **tol)
+      grads = [jax.jit(jax.vmap(jax.grad(loss(f), argnums=(0, 1, 2, 3)), in_axes))(q, k, v, b) for f in (fold, ref)]
       for got, want in zip(*grads):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, **tol)
-    masked = [jax.vmap(lambda q, k, v, b, f=f: f(q, k, v, b, mask))(q, k, v, bias) for f in (fold, ref)]
+    masked = [jax.jit(jax.vmap(lambda q, k, v, b, f=f: f(q, k, v, b, mask)))(q, k, v, bias) for f in (fold, ref)]
     np.testing.assert_allclose(*masked, **tol)
-    nested = [jax.vmap(jax.vmap(f))(q[None], k[None], v[None], bias[None]) for f in (fold, ref)]
+    nested = [jax.jit(jax.vmap(jax.vmap(f)))(q[None], k[None], v[None], bias[None]) for f in (fold, ref)]
     np.testing.assert_allclose(*nested, **tol)
 
 

@@ -80,7 +80,7 @@ def test_custom_task_says_which_n_and_refuses_a_tiny_seen_domain(tmp_path, capsy
   assert cli.main(["boolean", "--target", "x0x1", "--seen", "x0 == 1 & x1 == 1 & x2 == 1", "--workdir",
                    str(tmp_path / "tiny")]) == 2
   assert "only 1 points" in _one_line_error(capsys) and not (tmp_path / "tiny").exists()
-  assert cli.main(["boolean", "--target", "x0x1", "--seen", "x0 == 1 | x1 == 1", "--n", "6", "--methods", "vanilla",
+  assert cli.main(["boolean", "--target", "x0x1", "--seen", "x0 == 1 | x1 == 1", "--n", "4", "--methods", "vanilla",
                    "--seeds", "1", "--workdir", str(tmp_path / "ok"), *SHORT]) == 0
   assert "no --n given" not in capsys.readouterr().err
   assert cli.main(["boolean", "--target", "x0x1", "--seen", "x0 == 1 | x3 == 1",

@@ -68,10 +68,11 @@ def _step(lr_multiplier=1.0, freeze=False):
 
   def loss_fn(model):
     return jnp.mean((model(ids) - y) ** 2)
-  grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, mnnx.WRT))(model)
+  # (under nnx.jit, as a training step is written: one XLA program each, not a compile per operation)
+  grads = nnx.jit(lambda m: nnx.grad(loss_fn, argnums=nnx.DiffState(0, mnnx.WRT))(m))(model)
   before = {k: jax.tree.map(np.asarray, nnx.state(model, t)) for k, t in
             (("mask", mnnx.MaskPrior), ("params", nnx.All(nnx.Param, nnx.Not(mnnx.MaskPrior))), ("stats", nnx.BatchStat))}
-  opt.update(model, grads)
+  nnx.jit(lambda o, m, g: o.update(m, g))(opt, model, grads)
   after = {k: jax.tree.map(np.asarray, nnx.state(model, t)) for k, t in
            (("mask", mnnx.MaskPrior), ("params", nnx.All(nnx.Param, nnx.Not(mnnx.MaskPrior))), ("stats", nnx.BatchStat))}
   return prior, initial, before, after

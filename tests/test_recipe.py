@@ -42,7 +42,7 @@ def _model_variables():
   model = Transformer(vocab_size=7, dim=16, depth=1, num_heads=2, head_dim=8, mlp_dim=32, max_len=5, causal=True,
                       pos_embedding="learned", pooling="none", head="lm", num_outputs=7,
                       mask=MaskSettings(priors.from_matrix(np.eye(5) * 2.0)))
-  return model.init(jax.random.key(0), jnp.zeros((1, 5), jnp.int32))
+  return jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 5), jnp.int32))
 
 
 def _decay_step(settings, variables):
@@ -50,7 +50,7 @@ def _decay_step(settings, variables):
   tx = settings.optimizer()
   zeros = jax.tree.map(jnp.zeros_like, variables)
   moved = jax.tree.map(lambda a: a + 0.5, variables)   # away from the initial values
-  updates, _ = tx.update(zeros, tx.init(variables), moved)
+  updates, _ = jax.jit(tx.update)(zeros, jax.jit(tx.init)(variables), moved)   # (one program, not one per operation)
   flat = jax.tree_util.tree_flatten_with_path(updates)[0]
   return {jax.tree_util.keystr(k): np.asarray(u) for k, u in flat}, moved
 
@@ -90,7 +90,7 @@ def test_clipping_bounds_the_update_direction():
   variables = _model_variables()
   grads = jax.tree.map(lambda a: jnp.full_like(a, 100.0), variables)
   tx = _settings(grad_clip_norm=1.0, optimizer_name="sgd").optimizer()
-  updates, _ = tx.update(grads, tx.init(variables), variables)
+  updates, _ = jax.jit(tx.update)(grads, jax.jit(tx.init)(variables), variables)
   norm = optax.tree.norm(jax.tree.map(lambda u: u / 1e-3, updates["params"]))
   total = optax.tree.norm(jax.tree.map(lambda u: u / 1e-3, updates))
   assert total == pytest.approx(1.0, rel=1e-5) and norm <= total
