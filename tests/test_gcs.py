@@ -282,3 +282,35 @@ def test_two_commands_racing_for_a_gs_folder_leave_exactly_one_holder(gcs):
     assert f": {winner})" in loser_line, (i, got)
     fs.invalidate_cache()
     assert json.loads(fs.cat(f"runs/race/{i}/{W.LOCK_NAME}"))["command"] == winner
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gcs")
+def test_the_gs_lock_takes_over_a_stale_record_refreshes_its_own_and_leaves_anothers(gcs, monkeypatch, capsys):
+  """The lock record by generation, in this process against the emulator: taken, refused to a
+  second command, released (an empty record); a record whose holder stopped refreshing it is taken
+  over with a note; and a holder whose record another command replaced stops refreshing it, says
+  so, and does not clear that command's record on release."""
+  fs = _fs(gcs)
+  folder = "gs://runs/lock"
+  held = W.WorkdirLock(folder, "first").acquire()
+  assert held._object is not None and held._object.generation
+  with pytest.raises(W.WorkdirBusy, match="in use by process .*first.*its process runs on this host"):
+    W.WorkdirLock(folder, "second").acquire()
+  held.release()
+  fs.invalidate_cache()
+  assert fs.cat(f"runs/lock/{W.LOCK_NAME}") == b""
+  fs.pipe(f"runs/lock/{W.LOCK_NAME}", json.dumps({"host": "elsewhere", "pid": 7, "command": "old",
+                                                  "refreshed": time.time() - W.REMOTE_STALE_S - 1}).encode())
+  monkeypatch.setattr(W, "REMOTE_REFRESH_S", 0.05)
+  taker = W.WorkdirLock(folder, "taker").acquire()
+  assert "was locked by process 7 on elsewhere" in capsys.readouterr().err
+  fs.pipe(f"runs/lock/{W.LOCK_NAME}", json.dumps({"host": "elsewhere", "pid": 8, "command": "newer",
+                                                  "refreshed": time.time()}).encode())
+  deadline = time.time() + 10
+  while "another command took over" not in (err := capsys.readouterr().err) and time.time() < deadline:
+    time.sleep(0.05)
+  assert "another command took over gs://runs/lock" in err
+  taker.release()
+  fs.invalidate_cache()
+  assert json.loads(fs.cat(f"runs/lock/{W.LOCK_NAME}"))["command"] == "newer"

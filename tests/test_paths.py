@@ -4,6 +4,7 @@ plots, `maskprior report`) on a `gs://` folder, here an in-memory file system st
 Cloud Storage (no network)."""
 import json
 import pathlib
+import re
 import struct
 
 import fsspec
@@ -182,3 +183,66 @@ def test_a_lost_metrics_file_is_rebuilt_from_results_curves(tmp_path):
   assert len(rows) == sum(len(c["step"]) for c in results["curves"].values())
   method, curve = next(iter(results["curves"].items()))
   assert [r["step"] for r in rows if r["method"] == method] == curve["step"]
+
+
+class _Response:
+  def __init__(self, status, message=""):
+    self.status_code, self.text, self.reason = status, message, ""
+
+  def json(self):
+    return {"error": {"message": self.text}}
+
+
+class _Session:
+  """requests.Session's get/post/delete, answering from a script; records what was asked."""
+
+  def __init__(self, listed, written=200):
+    self.answers, self.asked = {"get": listed, "post": written, "delete": 204}, []
+
+  def __getattr__(self, method):
+    def call(url, **kw):
+      self.asked.append((method, url, kw.get("params")))
+      return _Response(*(self.answers[method] if isinstance(self.answers[method], tuple) else (self.answers[method],)))
+    return call
+
+
+@pytest.mark.parametrize("listed,written,said", [
+    (404, 200, "bucket gs://b does not exist; create it (`gcloud storage buckets create gs://b`)"),
+    ((403, "no list"), 200, "may not list gs://b (HTTP 403: no list); grant them a role"),
+    (200, (403, "no write"), "may not write to gs://b (HTTP 403: no write)"),
+    ((503, "later"), 200, "Cloud Storage refused to list gs://b (HTTP 503: later)"),
+    (200, 200, None)])
+def test_a_cloud_folders_check_names_each_refusal_and_leaves_nothing(listed, written, said):
+  """paths._probe, the check a gs:// run folder gets before any work, on scripted answers: each
+  refusal is its own sentence; a folder that can be listed and written gets its probe object
+  written and deleted again."""
+  session = _Session(listed, written)
+  if said is None:
+    paths._probe(session, "http://gcs", "b", "runs/x")
+    (_, _, listed_params), (_, _, written_params), (method, url, _) = session.asked
+    assert listed_params["prefix"] == "runs/x" and written_params["name"].startswith("runs/x/.maskprior-write-check-")
+    assert method == "delete" and url.endswith("/b/o/" + written_params["name"].replace("/", "%2F"))
+  else:
+    with pytest.raises(paths._Refused, match=re.escape(said)):
+      paths._probe(session, "http://gcs", "b", "runs/x")
+    assert not any(method == "delete" for method, *_ in session.asked) and len(session.asked) <= 2
+  assert paths.check_reachable("runs/x") is None and paths.check_reachable("s3://b/x") is None   # not checked
+  assert paths._cause(OSError("[Errno -2] Name or service not known")) == "Name or service not known"
+  assert paths._cause(OSError("Connection refused by peer")) == "Connection refused"
+
+
+def test_what_a_run_folder_keeps_is_read_from_its_files(tmp_path):
+  """workdir.kept, the clause a failure's line ends with: nothing written, nothing finished, or the
+  finished runs and the newest committed checkpoint step (orbax's temporary folders do not count),
+  and on a full disk the newest checkpoint's size as the space to free."""
+  assert W.kept(tmp_path / "absent") == "nothing was written"
+  work = tmp_path / "run"
+  (work / "checkpoints" / "mask" / "seeds_0" / "150.orbax-checkpoint-tmp").mkdir(parents=True)
+  assert W.kept(work) == "no run had finished and no checkpoint was saved"
+  for step in (50, 100):
+    (work / "checkpoints" / "mask" / "seeds_0" / str(step)).mkdir()
+  (work / "checkpoints" / "mask" / "seeds_0" / "100" / "state").write_bytes(b"x" * 300_000)
+  (work / "results.json").write_text(json.dumps({"runs": [{"seed": 0}, {"seed": 1}]}))
+  assert W.kept(work) == "kept: 2 finished runs and the checkpoint at step 100"
+  assert W.kept(work, full_disk=True) == ("kept: 2 finished runs and the checkpoint at step 100; free at least "
+                                          "0.3 MiB (the last checkpoint's size) and rerun to resume")
