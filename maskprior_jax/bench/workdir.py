@@ -75,13 +75,7 @@ class WorkdirLock:
     self.path.parent.mkdir(parents=True, exist_ok=True)
     left = _parse_holder(self.path.read_bytes()) if self.path.exists() else {}
     if left:
-      running = _still_running(left)
-      if running:
-        raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(left)}; {running}; wait for it to "
-                          "finish, or use another --workdir")
-      print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, which no longer runs "
-            f"(no process {left.get('pid')} on this host, or its record not refreshed for {REMOTE_STALE_S} s); "
-            "taking it over", file=self.stream)
+      self._take_over(left)
     mine = self._record()
     self.path.write_text(json.dumps(mine))
     time.sleep(REMOTE_SETTLE_S)   # two commands that wrote at once: the last write holds the folder
@@ -93,6 +87,17 @@ class WorkdirLock:
     threading.Thread(target=self._refresh, args=(mine,), daemon=True).start()
     return self
 
+  def _take_over(self, left: dict) -> None:
+    """A record left on cloud storage: WorkdirBusy while its holder still runs, else a one-line note
+    that this command takes the folder over."""
+    running = _still_running(left)
+    if running:
+      raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(left)}; {running}; wait for it to "
+                        "finish, or use another --workdir")
+    print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, which no longer runs "
+          f"(no process {left.get('pid')} on this host, or its record not refreshed for {REMOTE_STALE_S} s); "
+          "taking it over", file=self.stream)
+
   def _acquire_by_generation(self, obj: "_GcsObject") -> "WorkdirLock":
     """Cloud Storage: the record is created only where none exists (`ifGenerationMatch=0`), and one
     left by a released or stale holder is replaced only at the generation that was read, so of two
@@ -103,13 +108,7 @@ class WorkdirLock:
     except FileExistsError:
       left, generation = obj.read()
       if left:
-        running = _still_running(left)
-        if running:
-          raise WorkdirBusy(f"{self.path.parent} is in use by {_holder_text(left)}; {running}; wait for it to "
-                            "finish, or use another --workdir") from None
-        print(f"maskprior: note: {self.path.parent} was locked by {_holder_text(left)}, which no longer runs "
-              f"(no process {left.get('pid')} on this host, or its record not refreshed for {REMOTE_STALE_S} s); "
-              "taking it over", file=self.stream)
+        self._take_over(left)
       try:
         obj.write(json.dumps(mine), generation)
       except FileExistsError:
